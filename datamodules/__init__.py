@@ -1,0 +1,8 @@
+"""LightningDataModules: download, decode, cache, split, augment and batch image data sets."""
+
+from datamodules.base import DataSetupError, ImageDataModule
+from datamodules.cifar10 import CIFAR10DataModule
+from datamodules.mnist import FashionMNISTDataModule, MNISTDataModule
+
+__all__ = ["DataSetupError", "ImageDataModule", "CIFAR10DataModule", "MNISTDataModule",
+           "FashionMNISTDataModule"]

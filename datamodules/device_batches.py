@@ -1,0 +1,94 @@
+"""Batches cut from a whole data set that already lives on the training device.
+
+The tutorials feed the GPU through a DataLoader that decodes, converts and normalises one image at a
+time in Python worker processes; at their batch sizes the device mostly waits. Here the data set is a
+uint8 tensor on the device: a batch is one index gather, and cropping, flipping and normalising are a
+handful of batched tensor ops on the device (the recipe of KellerJordan/cifar10-airbench).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Crop each image of a batch at a random offset after zero-padding it by `padding` pixels.
+
+    What torchvision's `RandomCrop(size, padding)` does per image, for a whole batch in two gathers:
+    no Python loop and no boolean-mask indexing, so no host sync on a GPU.
+    """
+    n, c, h, w = images.shape
+    padded = F.pad(images, (padding, padding, padding, padding))
+    offsets = torch.randint(0, 2 * padding + 1, (2, n, 1), device=images.device, generator=generator)
+    rows = (torch.arange(h, device=images.device) + offsets[0])[:, None, :, None]
+    padded = padded.gather(2, rows.expand(n, c, h, w + 2 * padding))
+    cols = (torch.arange(w, device=images.device) + offsets[1])[:, None, None, :]
+    return padded.gather(3, cols.expand(n, c, h, w))
+
+
+def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mirror each image of a batch left-right with probability 1/2."""
+    flip = torch.rand(len(images), 1, 1, 1, device=images.device, generator=generator) < 0.5
+    return torch.where(flip, images.flip(3), images)
+
+
+class DeviceBatches:
+    """An iterable of normalised `(images, labels)` batches from uint8 tensors on one device.
+
+    Each `iter()` is a fresh epoch. With `shuffle`, the order (and the augmentation) of epoch e is a
+    function of `(seed, e)` alone: Lightning announces the epoch through `sampler.set_epoch(e)`, the
+    protocol of `DistributedSampler`, so a resumed run sees exactly the batches it would have seen.
+
+    Under DDP, rank r of w takes every w-th sample of the shared permutation, cut to the same length on
+    every rank, so that all ranks run the same number of steps. Without `shuffle` (evaluation), the
+    ranks take disjoint contiguous parts and every sample is seen exactly once across them.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean: torch.Tensor,
+                 std: torch.Tensor, *, shuffle: bool = False, crop_padding: int = 0, flip: bool = False,
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.images, self.labels = images, labels
+        self.batch_size, self.shuffle = batch_size, shuffle
+        self.crop_padding, self.flip = crop_padding, flip
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        # One multiply-add per element turns 0..255 into normalised floats.
+        self.scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1).to(images.device)
+        self.shift = (-mean / std).view(1, -1, 1, 1).to(images.device)
+        if shuffle:
+            self.num_samples = len(images) // world_size
+            self.num_batches = self.num_samples // batch_size  # full batches only
+        else:
+            self.eval_indices = torch.arange(len(images), device=images.device).tensor_split(world_size)[rank]
+            self.num_samples = len(self.eval_indices)
+            self.num_batches = -(-self.num_samples // batch_size)
+
+    # Lightning duck-types loaders: it calls `loader.sampler.set_epoch(e)` and reads `batch_sampler`.
+    batch_sampler = None
+
+    @property
+    def sampler(self):
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self):
+        device = self.images.device
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        if self.shuffle:
+            order = torch.randperm(len(self.images), device=device, generator=generator)
+            order = order[self.rank::self.world_size][: self.num_samples]
+        else:
+            order = self.eval_indices
+        for i in range(self.num_batches):
+            index = order[i * self.batch_size:(i + 1) * self.batch_size]
+            images = self.images[index]
+            if self.crop_padding:
+                images = random_crop(images, self.crop_padding, generator)
+            if self.flip:
+                images = random_flip(images, generator)
+            yield images.float().mul_(self.scale).add_(self.shift), self.labels[index]

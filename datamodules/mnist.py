@@ -1,0 +1,67 @@
+"""MNIST and Fashion-MNIST through torchvision: 60,000 training and 10,000 test images, 28x28 grey."""
+
+from pathlib import Path
+from urllib.error import URLError
+
+import torch
+from jsonargparse.typing import PositiveInt
+from torchvision.datasets import MNIST, FashionMNIST
+
+from datamodules.base import DataSetupError, ImageDataModule, download_failure
+
+
+class MNISTDataModule(ImageDataModule):
+    """MNIST (`--data mnist`), downloaded by torchvision into `data_dir/MNIST/raw/`.
+
+    No augmentation by default (a flipped digit is another digit). The other arguments are
+    ImageDataModule's.
+    """
+
+    name = "mnist"
+    dataset_class = MNIST
+    classes = list(MNIST.classes)
+
+    def __init__(self, data_dir: str = "./data", batch_size: PositiveInt = 512, **kwargs):
+        super().__init__(data_dir=data_dir, batch_size=batch_size, **kwargs)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (1, 28, 28)
+
+    @property
+    def raw_folder(self) -> Path:
+        return self.data_dir / self.dataset_class.__name__ / "raw"
+
+    def source_files(self, split: str) -> list[Path]:
+        prefix = "train" if split == "train" else "t10k"
+        return [self.raw_folder / f"{prefix}-images-idx3-ubyte", self.raw_folder / f"{prefix}-labels-idx1-ubyte"]
+
+    def fetch(self) -> None:
+        try:
+            self.dataset_class(self.data_dir, train=True, download=True)
+        except (URLError, OSError, RuntimeError) as e:
+            files = ", ".join(name for name, _ in self.dataset_class.resources)
+            raise DataSetupError(
+                f"{self.dataset_class.__name__} is not in {self.raw_folder} and could not be downloaded "
+                f"({download_failure(e)}). Put its four IDX files there, gzipped or not: {files} "
+                f"(from {self.dataset_class.mirrors[0]}), or pass --data.data_dir with the folder "
+                f"that holds {self.dataset_class.__name__}/raw/.") from None
+
+    def decode(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            ds = self.dataset_class(self.data_dir, train=split == "train", download=False)
+        except (RuntimeError, ValueError, AssertionError) as e:
+            raise DataSetupError(f"{self.dataset_class.__name__} in {self.raw_folder} cannot be read ({e}). "
+                                 f"Move that folder away and run again to download it afresh.") from None
+        return ds.data.unsqueeze(1).contiguous(), ds.targets
+
+
+class FashionMNISTDataModule(MNISTDataModule):
+    """Fashion-MNIST (`--data fashion_mnist`), downloaded by torchvision into `data_dir/FashionMNIST/raw/`.
+
+    Same shape and split sizes as MNIST. The arguments are ImageDataModule's.
+    """
+
+    name = "fashion_mnist"
+    dataset_class = FashionMNIST
+    classes = list(FashionMNIST.classes)

@@ -1,0 +1,107 @@
+"""Fixtures that write tiny data sets in the real on-disk formats, read back by the real torchvision classes.
+
+The images are learnable: each class is a bright square at its own position over noise, so a few
+epochs of either network separate them, and a test can assert accuracy well above chance.
+"""
+
+import gzip
+import pickle
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def class_images(n: int, channels: int, size: int, num_classes: int = 10, seed: int = 0):
+    """n uint8 images (n, size, size, channels) with labels: class k is a bright square at position k."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % num_classes
+    rng.shuffle(labels)
+    images = rng.integers(0, 90, size=(n, size, size, channels), dtype=np.uint8)
+    cell = size // 4
+    for i, k in enumerate(labels):
+        r, c = divmod(int(k), 4)
+        images[i, r * cell:(r + 1) * cell, c * cell:(c + 1) * cell, :] = 230
+    return images, labels.astype(np.int64)
+
+
+def write_cifar10(root: Path, per_batch: int = 100, test: int = 200) -> Path:
+    """CIFAR-10's python pickle layout: data_batch_1..5, test_batch, batches.meta."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def dump(name, images, labels):
+        rows = images.transpose(0, 3, 1, 2).reshape(len(images), -1)  # R, G, B planes per row
+        with open(folder / name, "wb") as f:
+            pickle.dump({"batch_label": name, "labels": labels.tolist(), "data": rows,
+                         "filenames": [f"{name}_{i}.png" for i in range(len(images))]}, f)
+
+    images, labels = class_images(5 * per_batch + test, 3, 32)
+    for b in range(5):
+        part = slice(b * per_batch, (b + 1) * per_batch)
+        dump(f"data_batch_{b + 1}", images[part], labels[part])
+    dump("test_batch", images[5 * per_batch:], labels[5 * per_batch:])
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, f)
+    return root
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
+    """An IDX file as MNIST ships it: magic (0, 0, type 0x08 = uint8, ndim), big-endian dims, data."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
+
+
+def write_mnist(root: Path, folder: str = "MNIST", train: int = 600, test: int = 200,
+                compress: bool = False) -> Path:
+    """MNIST's (and Fashion-MNIST's) IDX layout under root/<folder>/raw/."""
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    images, labels = class_images(train + test, 1, 28, seed=1)
+    images = images[..., 0]
+    write_idx(raw / "train-images-idx3-ubyte", images[:train], compress)
+    write_idx(raw / "train-labels-idx1-ubyte", labels[:train], compress)
+    write_idx(raw / "t10k-images-idx3-ubyte", images[train:], compress)
+    write_idx(raw / "t10k-labels-idx1-ubyte", labels[train:], compress)
+    return root
+
+
+@pytest.fixture
+def no_md5(monkeypatch):
+    """torchvision checks CIFAR-10 files against the real ones' md5; tiny copies cannot pass that."""
+    import torchvision.datasets.cifar as cifar
+
+    monkeypatch.setattr(cifar, "check_integrity", lambda fpath, md5=None: Path(fpath).is_file())
+
+
+@pytest.fixture
+def cifar10_dir(tmp_path, no_md5) -> Path:
+    return write_cifar10(tmp_path / "data")
+
+
+@pytest.fixture
+def mnist_dir(tmp_path) -> Path:
+    return write_mnist(tmp_path / "data")
+
+
+@pytest.fixture
+def fashion_mnist_dir(tmp_path) -> Path:
+    return write_mnist(tmp_path / "data", folder="FashionMNIST")
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """Run in an empty directory, so lightning_logs/ lands there."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -1,0 +1,181 @@
+"""Train, checkpoint and test an image classifier with the Lightning CLI; fit, then test the best checkpoint.
+
+    python train.py --model cnn                      # the tutorial CNN on CIFAR-10 (configs/cnn.yaml)
+    python train.py --model mlp                      # the tutorial MLP on MNIST (configs/mlp.yaml)
+    python train.py --model mlp --data fashion_mnist --trainer.max_epochs 5 --data.batch_size 256
+    python train.py --config configs/seed_cnn.yaml   # the tutorial's exact settings
+    python train.py --model cnn --print_config > my.yaml && python train.py --config my.yaml
+
+`--model NAME` is shorthand for `--config configs/NAME.yaml` (the recipe: model, its data set, epochs),
+applied before every other argument; `--data NAME` picks a data module by short name. Full class paths
+work for both. Every run writes lightning_logs/version_N/ with TensorBoard events, checkpoints,
+config.yaml and results.json.
+"""
+
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from datamodules import DataSetupError, ImageDataModule
+from lit_models import ImageClassifier
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+MODELS = {"cnn": CONFIGS / "cnn.yaml", "mlp": CONFIGS / "mlp.yaml"}
+DATA = {
+    "cifar10": "datamodules.CIFAR10DataModule",
+    "mnist": "datamodules.MNISTDataModule",
+    "fashion_mnist": "datamodules.FashionMNISTDataModule",
+}
+CLASS_NAMES = {"model": {ImageClassifier.__name__}, "data": {p.rsplit(".", 1)[1] for p in DATA.values()}}
+
+
+class UsageError(Exception):
+    """A command line that cannot run; reported like an argparse error (exit code 2)."""
+
+
+def expand_short_names(argv: list[str]) -> list[str]:
+    """Turn `--model NAME` into the recipe's `--config` (placed first) and `--data NAME` into a class path."""
+    presets, rest, i = [], [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if key not in ("--model", "--data") or (not eq and i + 1 >= len(argv)):
+            rest.append(argv[i])
+            i += 1
+            continue
+        if not eq:
+            value = argv[i + 1]
+        i += 1 if eq else 2
+        group = key[2:]
+        names = MODELS if group == "model" else DATA
+        if value in names:
+            if group == "model":
+                presets += ["--config", str(MODELS[value])]
+            else:
+                rest.append(f"--data={DATA[value]}")
+        elif "." in value or value in CLASS_NAMES[group] or value.lstrip().startswith("{"):
+            rest.append(f"{key}={value}")  # a class path, class name or inline dict: jsonargparse's job
+        else:
+            raise UsageError(f"unknown --{group} '{value}'; choose one of: {', '.join(names)} "
+                             f"(or a full class path)")
+    if not presets and not any(a == "--config" or a.startswith("--config=") for a in argv):
+        presets = ["--config", str(MODELS["cnn"])]  # the default recipe
+    return presets + rest
+
+
+class TrainCLI(LightningCLI):
+    """LightningCLI wired for this project: data -> model links, checkpointing, precision by device."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for source, target in (("image_shape", "image_shape"), ("num_classes", "num_classes"),
+                               ("classes", "class_names")):
+            parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "checkpoint.monitor": "val/acc", "checkpoint.mode": "max",
+            "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+
+    def before_instantiate_classes(self) -> None:
+        trainer = self.config["trainer"]
+        if trainer.get("precision") is None:
+            # bf16 autocast where the GPU has bf16 units; on a CPU it is slower than float32.
+            cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            trainer["precision"] = "bf16-mixed" if cuda_bf16 else "32-true"
+        if torch.cuda.is_available():
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls for what stays in float32
+
+
+def trainer_defaults() -> dict:
+    """Trainer defaults; a function because the callbacks must be new objects for every run."""
+    return {
+        "max_epochs": 30,
+        "benchmark": True,  # cudnn autotuning: input shapes never change
+        "logger": {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": ".", "name": "lightning_logs", "default_hp_metric": False},
+        },
+        # checkpoints/last.ckpt after every epoch, to resume from. (ModelCheckpoint's own save_last
+        # writes it only in epochs that also write a new best checkpoint.)
+        "callbacks": [ModelCheckpoint(filename="last", monitor=None, save_top_k=1,
+                                      enable_version_counter=False)],
+    }
+
+
+def device_name(trainer) -> str:
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def run(argv: list[str]) -> dict:
+    # We hand LightningCLI the expanded sys.argv; it warns about getting both.
+    warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
+    cli = TrainCLI(ImageClassifier, ImageDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                   trainer_defaults=trainer_defaults(), seed_everything_default=0, run=False,
+                   save_config_kwargs={"overwrite": False}, args=expand_short_names(argv))
+    trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=data)
+    fit_seconds = time.perf_counter() - start
+    best = next((cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.monitor), "")
+    (test_metrics,) = trainer.test(model, datamodule=data, ckpt_path=best or None, verbose=False)
+    results = {
+        "model": model.hparams.arch,
+        "data": data.name,
+        "epochs": trainer.current_epoch,
+        "fit_seconds": round(fit_seconds, 2),
+        "test/acc": test_metrics["test/acc"],
+        "test/loss": test_metrics["test/loss"],
+        "test_samples": int(test_metrics["test/samples"]),
+        "val/acc_best": float(model.val_acc_best.compute()),
+        "test/acc_per_class": model.test_per_class_acc,
+        "batch_size": data.batch_size,
+        "world_size": trainer.world_size,
+        "device": device_name(trainer),
+        "precision": trainer.precision,
+        "channels_last": model.uses_channels_last,
+        "compile": model.hparams.compile,
+        "seed": cli.config["seed_everything"],
+        "checkpoint": best,
+        "log_dir": trainer.log_dir,
+    }
+    if trainer.is_global_zero:
+        Path(trainer.log_dir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        print_summary(results)
+    return results
+
+
+def print_summary(results: dict) -> None:
+    width = max(len(name) for name in results["test/acc_per_class"])
+    for name, acc in results["test/acc_per_class"].items():
+        print(f"Accuracy for class: {name:{width}s} is {100 * acc:.1f} %")
+    print(f"{results['model']} on {results['data']}: test/acc {results['test/acc']:.4f} on "
+          f"{results['test_samples']} images (best val/acc {results['val/acc_best']:.4f}), "
+          f"{results['epochs']} epochs in {results['fit_seconds']:.1f} s on {results['device']} "
+          f"({results['precision']}); logs in {results['log_dir']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        run(argv)
+    except UsageError as e:
+        print(f"usage: train.py [--model cnn|mlp] [--data NAME] [--config FILE] [options]\n"
+              f"train.py: error: {e}", file=sys.stderr)
+        return 2
+    except DataSetupError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
