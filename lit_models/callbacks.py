@@ -1,0 +1,66 @@
+"""Callbacks that measure a run without slowing it down."""
+
+import time
+
+import lightning as L
+import torch
+
+
+class TrainingSpeed(L.Callback):
+    """Logs each epoch's training time and images/s (`train/epoch_seconds`, `train/images_per_second`),
+    and the peak GPU memory (`gpu/peak_memory_gb`) where there is a GPU.
+
+    Only the training batches are timed, not validation. Lightning's ThroughputMonitor synchronises
+    the GPU after every batch to time it; this synchronises once per epoch, so the training step
+    keeps running ahead of the host.
+    """
+
+    def __init__(self):
+        self.epoch_seconds: list[float] = []  # the training part of each epoch of this fit
+        self.train_images = 0
+        self._start = None
+        self._images = 0
+        self._epoch_metrics = {}
+
+    def _sync(self, trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._sync(trainer)
+        self._images = 0
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._images += len(batch[1])  # a shape, not a value: no sync
+
+    def _stop(self, trainer) -> None:
+        if self._start is None:
+            return
+        self._sync(trainer)
+        seconds = time.perf_counter() - self._start
+        self._start = None
+        images = self._images * trainer.world_size
+        self.epoch_seconds.append(seconds)
+        self.train_images += images
+        metrics = {"train/epoch_seconds": seconds, "train/images_per_second": images / seconds}
+        if trainer.strategy.root_device.type == "cuda":
+            metrics["gpu/peak_memory_gb"] = torch.cuda.max_memory_allocated(trainer.strategy.root_device) / 2**30
+        self._epoch_metrics = metrics
+
+    def on_validation_start(self, trainer, pl_module):
+        # Validation runs inside the training epoch, before on_train_epoch_end: stop the clock here.
+        if not trainer.sanity_checking:
+            self._stop(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._stop(trainer)  # for epochs without validation
+        pl_module.log_dict(self._epoch_metrics)
+
+    @property
+    def train_seconds(self) -> float:
+        return sum(self.epoch_seconds)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.train_images / self.train_seconds if self.train_seconds else 0.0
