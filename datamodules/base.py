@@ -105,8 +105,13 @@ class ImageDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.classes)
 
+    @property
+    def has_validation_split(self) -> bool:
+        """Whether the data set brings its own "val" split; if not, `val_size` images of "train" are."""
+        return False
+
     def source_files(self, split: str) -> list[Path]:
-        """The files the `split` ("train" or "test") is decoded from."""
+        """The files the `split` ("train", "test", or "val" if it has one) is decoded from."""
         raise NotImplementedError
 
     def fetch(self) -> None:
@@ -160,24 +165,28 @@ class ImageDataModule(L.LightningDataModule):
 
     def prepare_data(self):
         # Lightning runs this once per node, before setup() on every rank: download and cache here.
-        for split in ("train", "test"):
+        for split in ("train", "test", "val") if self.has_validation_split else ("train", "test"):
             self.load_split(split)
 
     def setup(self, stage: str = None):
         if self.splits:
             return  # idempotent: fit then test reuses the tensors already on the device
         train, test = self.load_split("train"), self.load_split("test")
-        if self.val_size >= len(train["images"]):
-            raise DataSetupError(f"--data.val_size {self.val_size} leaves no training images "
-                                 f"({len(train['images'])} in all)")
-        order = torch.randperm(len(train["images"]), generator=torch.Generator().manual_seed(self.split_seed))
-        val_idx, train_idx = order[:self.val_size], order[self.val_size:]
         self.mean, self.std = train["mean"], train["std"]
-        self.splits = {
-            "train": (train["images"][train_idx], train["labels"][train_idx]),
-            "val": (train["images"][val_idx], train["labels"][val_idx]),
-            "test": (test["images"].clone(), test["labels"].clone()),
-        }
+        if self.has_validation_split:
+            val = self.load_split("val")
+            self.splits = {"train": (train["images"].clone(), train["labels"].clone()),
+                           "val": (val["images"].clone(), val["labels"].clone())}
+        else:
+            if self.val_size >= len(train["images"]):
+                raise DataSetupError(f"--data.val_size {self.val_size} leaves no training images "
+                                     f"({len(train['images'])} in all)")
+            generator = torch.Generator().manual_seed(self.split_seed)
+            order = torch.randperm(len(train["images"]), generator=generator)
+            val_idx, train_idx = order[:self.val_size], order[self.val_size:]
+            self.splits = {"train": (train["images"][train_idx], train["labels"][train_idx]),
+                           "val": (train["images"][val_idx], train["labels"][val_idx])}
+        self.splits["test"] = (test["images"].clone(), test["labels"].clone())
         if self.on_device:
             device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
             self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in self.splits.items()}
