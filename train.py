@@ -18,14 +18,19 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+import resume
 from datamodules import DataSetupError, ImageDataModule
 from lit_models import ImageClassifier
-from lit_models.callbacks import TrainingSpeed
+from lit_models.callbacks import LastCheckpoint, TrainingSpeed
+from lit_models.classifier import NonFiniteLossError
+from lit_models.dashboards import TensorBoardDashboards
 
 # Lightning's progress bar redraws after every step by default, which costs the MLP 15% of its speed
 # on a CPU; every 10th step looks the same to a reader.
@@ -75,7 +80,7 @@ def expand_short_names(argv: list[str]) -> list[str]:
 
 
 class TrainCLI(LightningCLI):
-    """LightningCLI wired for this project: data -> model links, checkpointing, precision by device."""
+    """LightningCLI wired for this project: data -> model links, checkpoints, resuming, precision by device."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for source, target in (("image_shape", "image_shape"), ("num_classes", "num_classes"),
@@ -87,6 +92,9 @@ class TrainCLI(LightningCLI):
             "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
             "checkpoint.auto_insert_metric_name": False,
         })
+        parser.add_argument("--ckpt_path", type=Optional[str], default=None,
+                            help="Resume: 'last' (the newest run's checkpoints/last.ckpt) or a checkpoint file. "
+                                 "A run's own checkpoint continues in that run's directory.")
 
     def before_instantiate_classes(self) -> None:
         trainer = self.config["trainer"]
@@ -96,6 +104,22 @@ class TrainCLI(LightningCLI):
             trainer["precision"] = "bf16-mixed" if cuda_bf16 else "32-true"
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for what stays in float32
+        logger = trainer.get("logger")
+        tensorboard = logger if getattr(logger, "class_path", "").endswith("TensorBoardLogger") else None
+        self.checkpoint = resume.load_checkpoint(self.config["ckpt_path"], tensorboard)
+        if tensorboard is not None:
+            run_dir = resume.choose_run_dir(tensorboard.init_args, self.checkpoint)
+            if run_dir is not None:  # continuing a run: keep its config.yaml, add this one beside it
+                self.save_config_kwargs["config_filename"] = resume.free_name(run_dir, "config.resume{}.yaml")
+            if os.environ.get("SLURM_JOB_ID"):  # Lightning's hpc_ckpt_*.ckpt go here, one job's only
+                trainer["default_root_dir"] = str(resume.logs_root(tensorboard.init_args) / tensorboard.init_args.version)
+        if not logger:  # these need a logger
+            self.trainer_defaults["callbacks"] = [cb for cb in self.trainer_defaults["callbacks"]
+                                                  if not isinstance(cb, (LearningRateMonitor, TensorBoardDashboards))]
+
+    def after_instantiate_classes(self) -> None:
+        if self.checkpoint is not None:
+            resume.check_compatible(self.checkpoint, self.model)
 
 
 def trainer_defaults() -> dict:
@@ -105,12 +129,10 @@ def trainer_defaults() -> dict:
         "benchmark": True,  # cudnn autotuning: input shapes never change
         "logger": {
             "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-            "init_args": {"save_dir": ".", "name": "lightning_logs", "default_hp_metric": False},
+            "init_args": {"save_dir": ".", "name": "lightning_logs", "default_hp_metric": False,
+                          "log_graph": True},
         },
-        # checkpoints/last.ckpt after every epoch, to resume from. (ModelCheckpoint's own save_last
-        # writes it only in epochs that also write a new best checkpoint.)
-        "callbacks": [ModelCheckpoint(filename="last", monitor=None, save_top_k=1,
-                                      enable_version_counter=False), TrainingSpeed()],
+        "callbacks": [LastCheckpoint(), TrainingSpeed(), LearningRateMonitor(), TensorBoardDashboards()],
     }
 
 
@@ -121,6 +143,29 @@ def device_name(trainer) -> str:
     return str(device)
 
 
+class Stopped(Exception):
+    """Training was stopped by a signal; the message says where, and how to go on."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def fit(trainer, model, data, checkpoint) -> None:
+    """trainer.fit, turning Ctrl-C and SIGTERM into a Stopped that names the checkpoint written."""
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=checkpoint.path if checkpoint else None, weights_only=True)
+    except SystemExit as e:  # Lightning exits after Ctrl-C; SIGTERMException is a SystemExit too
+        signal_name, code = ("SIGTERM", 143) if isinstance(e, SIGTERMException) else ("Ctrl-C", 130)
+        if not trainer.interrupted:
+            raise
+        saved = next((cb.interrupted_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), None)
+        where = f"; saved {saved}" if saved else ""
+        raise Stopped(f"stopped by {signal_name} in epoch {trainer.current_epoch} at step "
+                      f"{trainer.global_step}{where}. Add --ckpt_path last to the same command to go on.",
+                      code) from None
+
+
 def run(argv: list[str]) -> dict:
     # We hand LightningCLI the expanded sys.argv; it warns about getting both.
     warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
@@ -128,12 +173,18 @@ def run(argv: list[str]) -> dict:
                    trainer_defaults=trainer_defaults(), seed_everything_default=0, run=False,
                    save_config_kwargs={"overwrite": False}, args=expand_short_names(argv))
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    effective_batch = data.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+    if effective_batch != data.batch_size and trainer.is_global_zero:
+        print(f"{trainer.world_size} processes x {trainer.accumulate_grad_batches} accumulated x batch "
+              f"{data.batch_size} = effective batch {effective_batch}; the learning rate is not scaled "
+              f"with it (set --model.lr for that)")
     start = time.perf_counter()
-    trainer.fit(model, datamodule=data)
+    fit(trainer, model, data, cli.checkpoint)
     fit_seconds = time.perf_counter() - start
     speed = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingSpeed))
     best = next((cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.monitor), "")
-    (test_metrics,) = trainer.test(model, datamodule=data, ckpt_path=best or None, verbose=False)
+    (test_metrics,) = trainer.test(model, datamodule=data, ckpt_path=best or None, verbose=False,
+                                   weights_only=True)
     results = {
         "model": model.hparams.arch,
         "data": data.name,
@@ -148,12 +199,16 @@ def run(argv: list[str]) -> dict:
         "train_epoch_seconds": [round(t, 4) for t in speed.epoch_seconds],
         "test/acc_per_class": model.test_per_class_acc,
         "batch_size": data.batch_size,
+        "effective_batch_size": effective_batch,
+        "lr": float(trainer.optimizers[0].defaults["lr"]),
+        "lr_scaling": "none",
         "world_size": trainer.world_size,
         "device": device_name(trainer),
         "precision": trainer.precision,
         "channels_last": model.uses_channels_last,
         "compile": model.hparams.compile,
         "seed": cli.config["seed_everything"],
+        "resumed_from": str(cli.checkpoint.path) if cli.checkpoint else None,
         "checkpoint": best,
         "log_dir": trainer.log_dir,
     }
@@ -173,16 +228,31 @@ def print_summary(results: dict) -> None:
           f"({results['precision']}); logs in {results['log_dir']}")
 
 
+# What a user can fix gets one line and an exit code, no traceback (--verbose shows it anyway).
+USER_ERRORS = (DataSetupError, resume.ResumeError, NonFiniteLossError)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
     try:
         run(argv)
     except UsageError as e:
         print(f"usage: train.py [--model cnn|mlp] [--data NAME] [--config FILE] [options]\n"
               f"train.py: error: {e}", file=sys.stderr)
         return 2
-    except DataSetupError as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
+    except Stopped as e:
+        print(f"train.py: {e}", file=sys.stderr)
+        return e.exit_code
+    except (*USER_ERRORS, torch.cuda.OutOfMemoryError) as e:
+        if verbose:
+            raise
+        message = str(e)
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            message = (f"the GPU ran out of memory ({message.splitlines()[0]}). Try a smaller "
+                       f"--data.batch_size, or --data.on_device false to keep the data set in host memory.")
+        print(f"train.py: error: {message}", file=sys.stderr)
         return 1
     return 0
 

@@ -93,6 +93,8 @@ class ImageDataModule(L.LightningDataModule):
         self.crop_padding, self.flip = crop_padding, flip
         self.download = download
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._train_batches = None  # the latest training DeviceBatches, whose position checkpoints keep
+        self._train_resume_state = None
 
     # --- what a subclass provides --------------------------------------------------------------
 
@@ -228,7 +230,22 @@ class ImageDataModule(L.LightningDataModule):
                           pin_memory=torch.cuda.is_available())
 
     def train_dataloader(self):
-        return self._batches("train", train=True)
+        batches = self._batches("train", train=True)
+        if self.on_device:
+            self._train_batches = batches
+            if self._train_resume_state is not None:
+                batches.load_state_dict(self._train_resume_state)
+                self._train_resume_state = None
+        return batches
+
+    # The position in the training epoch goes into checkpoints through the data module's own state:
+    # Lightning restores it before it asks for the training batches again, which it does not do for
+    # the loaders' state when the LR schedule has already counted the batches (OneCycle does).
+    def state_dict(self) -> dict:
+        return {"train_batches": self._train_batches.state_dict()} if self._train_batches is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._train_resume_state = state_dict.get("train_batches")
 
     def val_dataloader(self):
         return self._batches("val", train=False)

@@ -34,9 +34,11 @@ def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
 class DeviceBatches:
     """An iterable of normalised `(images, labels)` batches from uint8 tensors on one device.
 
-    Each `iter()` is a fresh epoch. With `shuffle`, the order (and the augmentation) of epoch e is a
-    function of `(seed, e)` alone: Lightning announces the epoch through `sampler.set_epoch(e)`, the
-    protocol of `DistributedSampler`, so a resumed run sees exactly the batches it would have seen.
+    Each `iter()` is a fresh epoch. With `shuffle`, the order of epoch e is a function of `(seed, e)`
+    and the augmentation of its batch i of `(seed, e, i, rank)`: Lightning announces the epoch through
+    `sampler.set_epoch(e)`, the protocol of `DistributedSampler`, so a resumed run sees exactly the
+    batches it would have seen. It is also stateful (`state_dict`, `load_state_dict`, which Lightning
+    saves in checkpoints), so a run stopped mid-epoch resumes at the batch where it stopped.
 
     Under DDP, rank r of w takes every w-th sample of the shared permutation, cut to the same length on
     every rank, so that all ranks run the same number of steps. Without `shuffle` (evaluation), the
@@ -51,6 +53,8 @@ class DeviceBatches:
         self.crop_padding, self.flip = crop_padding, flip
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
+        self._yielded = 0  # batches of the current epoch handed out so far
+        self._resume_at = None  # (epoch, batch) to restart from, set by load_state_dict
         # One multiply-add per element turns 0..255 into normalised floats.
         self.scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1).to(images.device)
         self.shift = (-mean / std).view(1, -1, 1, 1).to(images.device)
@@ -75,20 +79,37 @@ class DeviceBatches:
     def __len__(self) -> int:
         return self.num_batches
 
+    def state_dict(self) -> dict:
+        # Lightning fetches from sized loaders without prefetching: what was handed out was trained on.
+        return {"epoch": self.epoch, "batch": self._yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_at = (state["epoch"], state["batch"])
+
     def __iter__(self):
         device = self.images.device
         generator = torch.Generator(device=device)
         generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        start = 0
+        if self._resume_at is not None:
+            if self._resume_at[0] == self.epoch:
+                start = self._resume_at[1]
+            self._resume_at = None
         if self.shuffle:
             order = torch.randperm(len(self.images), device=device, generator=generator)
             order = order[self.rank::self.world_size][: self.num_samples]
         else:
             order = self.eval_indices
-        for i in range(self.num_batches):
+        self._yielded = start
+        for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
             images = self.images[index]
+            if self.crop_padding or self.flip:
+                # Seeded per batch, so that a resumed epoch need not replay the batches before it.
+                generator.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + i) * 1009 + self.rank)
             if self.crop_padding:
                 images = random_crop(images, self.crop_padding, generator)
             if self.flip:
                 images = random_flip(images, generator)
+            self._yielded = i + 1
             yield images.float().mul_(self.scale).add_(self.shift), self.labels[index]

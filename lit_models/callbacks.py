@@ -4,6 +4,9 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 class TrainingSpeed(L.Callback):
@@ -64,3 +67,24 @@ class TrainingSpeed(L.Callback):
     @property
     def images_per_second(self) -> float:
         return self.train_images / self.train_seconds if self.train_seconds else 0.0
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """checkpoints/last.ckpt at the end of every epoch, and when training is stopped by Ctrl-C or SIGTERM.
+
+    ModelCheckpoint's own `save_last` writes last.ckpt only in epochs that also write a new best
+    checkpoint, and its `save_on_exception` writes on any error (a NaN loss included), which would
+    replace a good last.ckpt with a broken one. A stop between steps (SIGTERM: pre-emption, SLURM,
+    `kill`) resumes exactly, mid-epoch included; Ctrl-C can land inside a step, whose batch is then
+    trained on once more or not at all after resuming.
+    """
+
+    def __init__(self):
+        super().__init__(filename="last", monitor=None, save_top_k=1, enable_version_counter=False)
+        self.interrupted_path = None
+
+    def on_exception(self, trainer, pl_module, exception):
+        stopped = isinstance(exception, (KeyboardInterrupt, SIGTERMException))
+        if stopped and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.dirpath:
+            self.interrupted_path = self.format_checkpoint_name({})
+            trainer.save_checkpoint(self.interrupted_path)

@@ -13,6 +13,10 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from lit_models.networks import NETWORKS
 
 
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
 class ImageClassifier(L.LightningModule):
     """Cross-entropy classifier around one of the tutorials' networks (`--model cnn`, `--model mlp`).
 
@@ -53,8 +57,10 @@ class ImageClassifier(L.LightningModule):
         compile: bool = False,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        # logger=False: the HParamsSummary callback writes them, with the metrics they are judged by.
+        self.save_hyperparameters(logger=False)
         self.net = NETWORKS[arch](tuple(image_shape), num_classes)
+        self.example_input_array = torch.zeros(1, *image_shape)  # for the TensorBoard graph
         self.class_names = class_names or [str(i) for i in range(num_classes)]
         self.uses_channels_last = channels_last and any(isinstance(m, nn.Conv2d) for m in self.net.modules())
         if self.uses_channels_last:
@@ -68,10 +74,15 @@ class ImageClassifier(L.LightningModule):
         self.register_buffer("train_loss_sum", torch.zeros(()), persistent=False)
         self.register_buffer("train_correct", torch.zeros((), dtype=torch.long), persistent=False)
         self.train_samples = 0
+        # The first global step whose loss was NaN or infinite (-1: none yet), tracked on the device
+        # and looked at once per epoch, before anything is checkpointed.
+        self.register_buffer("first_nonfinite_step", torch.full((), -1, dtype=torch.long), persistent=False)
+        self.register_buffer("step_count", torch.zeros((), dtype=torch.long), persistent=False)
         # A separate metric object per stage, as torchmetrics wants; all are synced across DDP ranks.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # in checkpoints, so that a resumed run remembers its best
         # The confusion matrix gives test accuracy, per-class accuracy and the sample count at once.
         self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
 
@@ -89,13 +100,28 @@ class ImageClassifier(L.LightningModule):
         self.train_loss_sum += loss.detach() * len(y)
         self.train_correct += (logits.argmax(1) == y).sum()
         self.train_samples += len(y)
+        first_bad = torch.isfinite(loss.detach()) | (self.first_nonfinite_step >= 0)
+        self.first_nonfinite_step = torch.where(first_bad, self.first_nonfinite_step, self.step_count)
+        self.step_count += 1
         return loss
 
-    def on_train_start(self):
-        # The sanity-check validation must not count as the best epoch.
-        self.val_acc_best.reset()
+    def on_train_epoch_start(self):
+        self.step_count.fill_(self.trainer.global_step)
+
+    def _stop_on_nonfinite_loss(self):
+        # max over ranks: every rank stops together, naming the step one of them saw first.
+        step = int(self.trainer.strategy.reduce(self.first_nonfinite_step.clone(), reduce_op="max"))
+        if step >= 0:
+            raise NonFiniteLossError(
+                f"the training loss became NaN or infinite at epoch {self.current_epoch}, step {step}; "
+                f"nothing after it was checkpointed. Try a lower --model.lr.")
+
+    def on_validation_start(self):
+        if not self.trainer.sanity_checking:
+            self._stop_on_nonfinite_loss()  # before validation ends and checkpoints are written
 
     def on_train_epoch_end(self):
+        self._stop_on_nonfinite_loss()
         sums = torch.stack([self.train_loss_sum, self.train_correct.to(self.train_loss_sum.dtype),
                             torch.tensor(float(self.train_samples), device=self.device)])
         sums = self.trainer.strategy.reduce(sums, reduce_op="sum")  # all ranks' samples
@@ -115,10 +141,10 @@ class ImageClassifier(L.LightningModule):
         self.val_acc.update(logits, y)
 
     def on_validation_epoch_end(self):
-        acc = self.val_acc.compute()
-        self.val_acc_best.update(acc)
+        if not self.trainer.sanity_checking:  # the untrained model is no one's best epoch
+            self.val_acc_best.update(self.val_acc.compute())
+            self.log("val/acc_best", self.val_acc_best.compute())
         self.log_dict({"val/loss": self.val_loss, "val/acc": self.val_acc}, prog_bar=True)
-        self.log("val/acc_best", self.val_acc_best.compute())
 
     def test_step(self, batch, batch_idx):
         logits, y = self._evaluate(batch, self.test_loss)
@@ -136,6 +162,7 @@ class ImageClassifier(L.LightningModule):
         per_class = correct / per_class_total.clamp(min=1)
         self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(self.class_names, per_class)})
         self.test_per_class_acc = dict(zip(self.class_names, per_class.tolist()))
+        self.test_confusion_matrix = confusion.cpu()  # rows: true class, columns: predicted
 
     def configure_optimizers(self):
         return make_optimizer(self.parameters(), self.hparams, self.trainer.estimated_stepping_batches)

@@ -1,0 +1,117 @@
+"""What TensorBoard shows beyond the scalars: the HParams tab, prediction grids, the confusion matrix."""
+
+import os
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from matplotlib.figure import Figure
+from torch.utils.tensorboard.summary import hparams
+
+# The metrics runs are compared by in the HParams tab; they are logged as scalars under these tags.
+HPARAM_METRICS = ("val/acc_best", "val/acc", "test/acc", "test/loss")
+
+
+def tensorboard_logger(trainer) -> TensorBoardLogger | None:
+    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+
+
+def run_hparams(trainer, module, datamodule) -> dict:
+    """The hyperparameters that tell runs apart, as TensorBoard's HParams tab can show them."""
+    optimizer = trainer.optimizers[0]
+    schedules = trainer.lr_scheduler_configs
+    return {
+        "model": module.hparams.arch,
+        "data": datamodule.name,
+        "optimizer": type(optimizer).__name__,
+        "lr": float(optimizer.defaults["lr"]),
+        "weight_decay": float(optimizer.defaults.get("weight_decay", 0.0)),
+        "schedule": type(schedules[0].scheduler).__name__ if schedules else "constant",
+        "label_smoothing": float(module.hparams.label_smoothing),
+        "batch_size": datamodule.batch_size,
+        "effective_batch_size": datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches,
+        "crop_padding": datamodule.crop_padding,
+        "flip": datamodule.flip,
+        "max_epochs": trainer.max_epochs,
+        "precision": str(trainer.precision),
+        "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)),
+    }
+
+
+def prediction_grid(images: torch.Tensor, labels, preds, class_names, columns: int = 8) -> Figure:
+    """Images with 'true / predicted' titles, green where right and red where wrong."""
+    rows = -(-len(images) // columns)
+    fig = Figure(figsize=(columns * 1.4, rows * 1.6), dpi=80)
+    for i, (image, label, pred) in enumerate(zip(images, labels.tolist(), preds.tolist())):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        image = (image - image.min()) / (image.max() - image.min()).clamp(min=1e-6)  # for display only
+        if image.shape[0] == 1:
+            ax.imshow(image[0].numpy(), cmap="gray", vmin=0, vmax=1)
+        else:
+            ax.imshow(image.permute(1, 2, 0).numpy())
+        ax.set_title(f"{class_names[label]}\n{class_names[pred]}", fontsize=7,
+                     color="green" if label == pred else "red")
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def confusion_figure(confusion: torch.Tensor, class_names) -> Figure:
+    """Counts of (true class, predicted class) on the test set, annotated."""
+    n = len(class_names)
+    fig = Figure(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n), dpi=80)
+    ax = fig.add_subplot()
+    ax.imshow(confusion.numpy(), cmap="Blues")
+    ax.set_xticks(range(n), class_names, rotation=90, fontsize=8)
+    ax.set_yticks(range(n), class_names, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    threshold = confusion.max().item() / 2
+    for (i, j), count in zip(torch.cartesian_prod(torch.arange(n), torch.arange(n)).tolist(),
+                             confusion.flatten().tolist()):
+        ax.text(j, i, count, ha="center", va="center", fontsize=6,
+                color="white" if count > threshold else "black")
+    fig.tight_layout()
+    return fig
+
+
+class TensorBoardDashboards(L.Callback):
+    """The HParams tab, a grid of validation predictions, and the test confusion matrix.
+
+    - HParams: `run_hparams` with the metrics in HPARAM_METRICS (their real logged values, not
+      Lightning's placeholder `hp_metric`), so that runs compare side by side.
+    - `val/predictions` (Images): the first `max_images` validation images with true and predicted
+      labels, every `every_n_epochs` epochs and after the last.
+    - `test/confusion_matrix` (Images): after testing.
+    All of it is drawn on rank 0 outside the training step, and only with a TensorBoardLogger.
+    """
+
+    def __init__(self, every_n_epochs: int = 5, max_images: int = 32):
+        self.every_n_epochs, self.max_images = every_n_epochs, max_images
+
+    def on_fit_start(self, trainer, pl_module):
+        logger = tensorboard_logger(trainer)
+        if logger is None or not trainer.is_global_zero:
+            return
+        summaries = hparams(run_hparams(trainer, pl_module, trainer.datamodule), dict.fromkeys(HPARAM_METRICS, 0.0))
+        writer = logger.experiment._get_file_writer()  # as Lightning's own log_hyperparams writes them
+        for summary in summaries:
+            writer.add_summary(summary)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        epoch = trainer.current_epoch
+        due = epoch % self.every_n_epochs == 0 or epoch == trainer.max_epochs - 1
+        logger = tensorboard_logger(trainer)
+        if batch_idx != 0 or not due or trainer.sanity_checking or not trainer.is_global_zero or logger is None:
+            return
+        images, labels = batch[0][:self.max_images], batch[1][:self.max_images]
+        preds = pl_module(images).argmax(1)
+        figure = prediction_grid(images.float().cpu(), labels.cpu(), preds.cpu(), pl_module.class_names)
+        logger.experiment.add_figure("val/predictions", figure, trainer.global_step)
+
+    def on_test_end(self, trainer, pl_module):
+        logger = tensorboard_logger(trainer)
+        if logger is None or not trainer.is_global_zero:
+            return
+        figure = confusion_figure(pl_module.test_confusion_matrix, pl_module.class_names)
+        logger.experiment.add_figure("test/confusion_matrix", figure, trainer.global_step)
