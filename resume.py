@@ -48,8 +48,9 @@ def load_checkpoint(ckpt_path: str | None, logger) -> Checkpoint | None:
         raise ResumeError(f"checkpoint {path} cannot be read; it may be truncated ({reason})") from None
     if not isinstance(contents, dict) or "state_dict" not in contents:
         raise ResumeError(f"{path} is not a Lightning checkpoint (it has no state_dict)")
+    path = path.resolve()
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
-    return Checkpoint(path.resolve(), run_dir, contents)
+    return Checkpoint(path, run_dir, contents)
 
 
 def choose_run_dir(logger_args, checkpoint: Checkpoint | None) -> Path | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -44,6 +45,10 @@ DATA = {
     "fashion_mnist": "datamodules.FashionMNISTDataModule",
 }
 CLASS_NAMES = {"model": {ImageClassifier.__name__}, "data": {p.rsplit(".", 1)[1] for p in DATA.values()}}
+
+
+# jsonargparse would print every one of LightningCLI's ~150 options above each error.
+USAGE = "train.py [--model cnn|mlp] [--data NAME] [--config FILE] [--ckpt_path last|FILE] [options] (--help: all)"
 
 
 class UsageError(Exception):
@@ -74,9 +79,25 @@ def expand_short_names(argv: list[str]) -> list[str]:
         else:
             raise UsageError(f"unknown --{group} '{value}'; choose one of: {', '.join(names)} "
                              f"(or a full class path)")
-    if not presets and not any(a == "--config" or a.startswith("--config=") for a in argv):
+    configs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
+    configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    for path in configs:
+        check_config_file(Path(path))
+    if not presets and not configs:
         presets = ["--config", str(MODELS["cnn"])]  # the default recipe
     return presets + rest
+
+
+def check_config_file(path: Path) -> None:
+    """A missing or malformed --config file, named, before jsonargparse reports it without the name."""
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist")
+    try:
+        yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise UsageError(f"config file {path} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
 
 
 class TrainCLI(LightningCLI):
@@ -106,6 +127,10 @@ class TrainCLI(LightningCLI):
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for what stays in float32
         logger = trainer.get("logger")
         tensorboard = logger if getattr(logger, "class_path", "").endswith("TensorBoardLogger") else None
+        if tensorboard is not None:
+            # Absolute, so that checkpoints record where they are, and a run resumed from another
+            # directory still finds its best checkpoint.
+            tensorboard.init_args.save_dir = str(Path(tensorboard.init_args.save_dir).resolve())
         self.checkpoint = resume.load_checkpoint(self.config["ckpt_path"], tensorboard)
         if tensorboard is not None:
             run_dir = resume.choose_run_dir(tensorboard.init_args, self.checkpoint)
@@ -160,7 +185,7 @@ def fit(trainer, model, data, checkpoint) -> None:
         if not trainer.interrupted:
             raise
         saved = next((cb.interrupted_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), None)
-        where = f"; saved {saved}" if saved else ""
+        where = f"; saved {saved}" if saved else "; its last epoch will run again"
         raise Stopped(f"stopped by {signal_name} in epoch {trainer.current_epoch} at step "
                       f"{trainer.global_step}{where}. Add --ckpt_path last to the same command to go on.",
                       code) from None
@@ -169,9 +194,12 @@ def fit(trainer, model, data, checkpoint) -> None:
 def run(argv: list[str]) -> dict:
     # We hand LightningCLI the expanded sys.argv; it warns about getting both.
     warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
+    # TensorBoard's graph is traced with torch.jit.trace, which torch now calls deprecated, every run.
+    warnings.filterwarnings("ignore", r"`torch\.jit\.trace(_method)?` is deprecated", FutureWarning)
     cli = TrainCLI(ImageClassifier, ImageDataModule, subclass_mode_model=True, subclass_mode_data=True,
                    trainer_defaults=trainer_defaults(), seed_everything_default=0, run=False,
-                   save_config_kwargs={"overwrite": False}, args=expand_short_names(argv))
+                   save_config_kwargs={"overwrite": False}, parser_kwargs={"usage": USAGE, "description": __doc__.split("\n")[0]},
+                   args=expand_short_names(argv))
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     effective_batch = data.batch_size * trainer.world_size * trainer.accumulate_grad_batches
     if effective_batch != data.batch_size and trainer.is_global_zero:
@@ -213,7 +241,7 @@ def run(argv: list[str]) -> dict:
         "log_dir": trainer.log_dir,
     }
     if trainer.is_global_zero:
-        Path(trainer.log_dir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        Path(results["log_dir"], "results.json").write_text(json.dumps(results, indent=2) + "\n")
         print_summary(results)
     return results
 
@@ -239,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(argv)
     except UsageError as e:
-        print(f"usage: train.py [--model cnn|mlp] [--data NAME] [--config FILE] [options]\n"
-              f"train.py: error: {e}", file=sys.stderr)
+        print(f"usage: {USAGE}\ntrain.py: error: {e}", file=sys.stderr)
         return 2
     except Stopped as e:
         print(f"train.py: {e}", file=sys.stderr)

@@ -140,6 +140,14 @@ class ImageDataModule(L.LightningDataModule):
             if not self.download:
                 missing = ", ".join(str(f) for f in files if not f.is_file())
                 raise DataSetupError(f"{self.name}: missing {missing} (and --data.download is false)")
+            try:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DataSetupError(f"--data.data_dir {self.data_dir} cannot be created ({e.strerror}), so "
+                                     f"{self.name} cannot be downloaded into it") from None
+            if not os.access(self.data_dir, os.W_OK):
+                raise DataSetupError(f"--data.data_dir {self.data_dir} is not writable, so {self.name} "
+                                     f"cannot be downloaded into it")
             self.fetch()
             files = self.source_files(split)
         key = self._source_key(files)
@@ -151,7 +159,15 @@ class ImageDataModule(L.LightningDataModule):
                     return cached
             except Exception:  # a truncated or foreign cache file: rebuild it below
                 pass
-        images, labels = self.decode(split)
+        try:
+            images, labels = self.decode(split)
+        except DataSetupError:
+            raise
+        except Exception as e:  # whatever a reader raises on a truncated or foreign file
+            what = ", ".join(str(f) for f in files) if len(files) <= 6 else f"the files in {self.data_dir}"
+            raise DataSetupError(f"{self.name}: cannot read {what} ({type(e).__name__}: {e}); they may be "
+                                 f"truncated or corrupt. Move them away and run again to download them "
+                                 f"afresh.") from None
         mean, std = channel_stats(images)
         cached = {"key": key, "images": images.contiguous(), "labels": labels.long(), "mean": mean, "std": std}
         try:

@@ -70,11 +70,7 @@ class MNISTDataModule(ImageDataModule):
                 tmp.replace(target)
 
     def decode(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            ds = self.dataset_class(self.data_dir, train=split == "train", download=False)
-        except (RuntimeError, ValueError, AssertionError) as e:
-            raise DataSetupError(f"{self.dataset_class.__name__} in {self.raw_folder} cannot be read ({e}). "
-                                 f"Move that folder away and run again to download it afresh.") from None
+        ds = self.dataset_class(self.data_dir, train=split == "train", download=False)
         return ds.data.unsqueeze(1).contiguous(), ds.targets
 
 

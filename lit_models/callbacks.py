@@ -58,7 +58,7 @@ class TrainingSpeed(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._stop(trainer)  # for epochs without validation
-        pl_module.log_dict(self._epoch_metrics)
+        pl_module.log_dict(self._epoch_metrics, sync_dist=True)
 
     @property
     def train_seconds(self) -> float:
@@ -76,7 +76,9 @@ class LastCheckpoint(ModelCheckpoint):
     checkpoint, and its `save_on_exception` writes on any error (a NaN loss included), which would
     replace a good last.ckpt with a broken one. A stop between steps (SIGTERM: pre-emption, SLURM,
     `kill`) resumes exactly, mid-epoch included; Ctrl-C can land inside a step, whose batch is then
-    trained on once more or not at all after resuming.
+    trained on once more or not at all after resuming. A stop after an epoch's last batch and before
+    the epoch ends (in or before its validation) writes nothing: Lightning would resume such a
+    checkpoint without validating that epoch, so the previous last.ckpt stays, and resuming repeats it.
     """
 
     def __init__(self):
@@ -85,6 +87,9 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_exception(self, trainer, pl_module, exception):
         stopped = isinstance(exception, (KeyboardInterrupt, SIGTERMException))
-        if stopped and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking and self.dirpath:
-            self.interrupted_path = self.format_checkpoint_name({})
-            trainer.save_checkpoint(self.interrupted_path)
+        if not stopped or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not self.dirpath:
+            return
+        if trainer.fit_loop.epoch_loop.batch_progress.current.completed >= trainer.num_training_batches:
+            return  # the epoch's training is done, its validation not: see above
+        self.interrupted_path = self.format_checkpoint_name({})
+        trainer.save_checkpoint(self.interrupted_path)

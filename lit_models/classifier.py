@@ -125,7 +125,8 @@ class ImageClassifier(L.LightningModule):
         sums = torch.stack([self.train_loss_sum, self.train_correct.to(self.train_loss_sum.dtype),
                             torch.tensor(float(self.train_samples), device=self.device)])
         sums = self.trainer.strategy.reduce(sums, reduce_op="sum")  # all ranks' samples
-        self.log_dict({"train/loss": sums[0] / sums[2], "train/acc": sums[1] / sums[2]})
+        # Already totals over all ranks; sync_dist only tells Lightning so (it averages equal values).
+        self.log_dict({"train/loss": sums[0] / sums[2], "train/acc": sums[1] / sums[2]}, sync_dist=True)
         self.train_loss_sum.zero_()
         self.train_correct.zero_()
         self.train_samples = 0
@@ -143,7 +144,7 @@ class ImageClassifier(L.LightningModule):
     def on_validation_epoch_end(self):
         if not self.trainer.sanity_checking:  # the untrained model is no one's best epoch
             self.val_acc_best.update(self.val_acc.compute())
-            self.log("val/acc_best", self.val_acc_best.compute())
+            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
         self.log_dict({"val/loss": self.val_loss, "val/acc": self.val_acc}, prog_bar=True)
 
     def test_step(self, batch, batch_idx):
@@ -154,13 +155,13 @@ class ImageClassifier(L.LightningModule):
         confusion = self.test_confusion.compute()
         self.test_confusion.reset()
         correct, per_class_total = confusion.diag(), confusion.sum(1)
-        self.log_dict({
-            "test/loss": self.test_loss,
-            "test/acc": correct.sum() / confusion.sum(),
-            "test/samples": confusion.sum().float(),
-        })
+        self.log("test/loss", self.test_loss)
+        # Computed from the synced confusion matrix; sync_dist only tells Lightning so.
+        self.log_dict({"test/acc": correct.sum() / confusion.sum(), "test/samples": confusion.sum().float()},
+                      sync_dist=True)
         per_class = correct / per_class_total.clamp(min=1)
-        self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(self.class_names, per_class)})
+        self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(self.class_names, per_class)},
+                      sync_dist=True)
         self.test_per_class_acc = dict(zip(self.class_names, per_class.tolist()))
         self.test_confusion_matrix = confusion.cpu()  # rows: true class, columns: predicted
 

@@ -39,20 +39,29 @@ def run_hparams(trainer, module, datamodule) -> dict:
 
 
 def prediction_grid(images: torch.Tensor, labels, preds, class_names, columns: int = 8) -> Figure:
-    """Images with 'true / predicted' titles, green where right and red where wrong."""
-    rows = -(-len(images) // columns)
-    fig = Figure(figsize=(columns * 1.4, rows * 1.6), dpi=80)
-    for i, (image, label, pred) in enumerate(zip(images, labels.tolist(), preds.tolist())):
-        ax = fig.add_subplot(rows, columns, i + 1)
-        image = (image - image.min()) / (image.max() - image.min()).clamp(min=1e-6)  # for display only
-        if image.shape[0] == 1:
-            ax.imshow(image[0].numpy(), cmap="gray", vmin=0, vmax=1)
-        else:
-            ax.imshow(image.permute(1, 2, 0).numpy())
-        ax.set_title(f"{class_names[label]}\n{class_names[pred]}", fontsize=7,
-                     color="green" if label == pred else "red")
-        ax.axis("off")
-    fig.tight_layout()
+    """Images in a grid, each under a 'true / predicted' caption, green where right and red where wrong.
+
+    One axes for the whole grid: a subplot per image takes ~25 ms each to draw.
+    """
+    lo = images.amin((1, 2, 3), keepdim=True)
+    hi = images.amax((1, 2, 3), keepdim=True)
+    images = (images - lo) / (hi - lo).clamp(min=1e-6)  # each image stretched to 0..1, for display only
+    n, c, h, w = images.shape
+    rows, caption = -(-n // columns), h // 2  # a strip above each row of images for the captions
+    canvas = torch.ones(3, rows * (h + caption), columns * (w + 2))
+    for i, image in enumerate(images):
+        r, col = divmod(i, columns)
+        top, left = r * (h + caption) + caption, col * (w + 2) + 1
+        canvas[:, top:top + h, left:left + w] = image.expand(3, h, w)
+    fig = Figure(figsize=(columns * 1.3, rows * 1.5), dpi=80)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(canvas.permute(1, 2, 0).numpy(), interpolation="nearest")
+    for i, (label, pred) in enumerate(zip(labels.tolist(), preds.tolist())):
+        r, col = divmod(i, columns)
+        ax.text(col * (w + 2) + 1 + w / 2, r * (h + caption) + caption - 1,
+                f"{class_names[label][:12]}\n{class_names[pred][:12]}", ha="center", va="bottom", fontsize=6,
+                color="green" if label == pred else "red")
+    ax.axis("off")
     return fig
 
 

@@ -44,3 +44,14 @@ class SaveWeights(L.Callback):
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({
             "world_size": trainer.world_size, "weights": weights,
             "train_batches": trainer.num_training_batches}))
+
+
+class InterruptAtStep(L.Callback):
+    """Press Ctrl-C (SIGINT to this process) after global step `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)

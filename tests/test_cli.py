@@ -140,7 +140,7 @@ def test_missing_data_offline_names_the_directory_and_files(tmp_path):
 
 
 def test_same_seed_same_numbers(mnist_dir, in_tmp):
-    args = ["--model", "mlp", "--data.data_dir", str(mnist_dir), *MNIST_SMALL, "--trainer.max_epochs=2",
+    args = ["--model", "mlp", "--data.data_dir", str(mnist_dir), *MNIST_SMALL, "--trainer.max_epochs=1",
             "--data.batch_size=50"]
     assert run_inprocess(args) == 0 and run_inprocess(args) == 0
     first, second = (results(r) for r in run_dirs(in_tmp))
