@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 
 
 class ResumeError(Exception):
@@ -69,7 +70,8 @@ def choose_run_dir(logger_args, checkpoint: Checkpoint | None) -> Path | None:
     if logger_args.version is not None:
         version = logger_args.version
         run_dir = root / (version if isinstance(version, str) else f"version_{version}")
-        if run_dir.exists():
+        # Only rank 0 asks: under DDP the others may start after rank 0 has made the directory.
+        if run_dir.exists() and rank_zero_only.rank == 0:
             raise ResumeError(f"{run_dir} holds an earlier run; choose another --trainer.logger.init_args.version, "
                               f"or continue that run with --ckpt_path {run_dir}/checkpoints/last.ckpt")
     return None

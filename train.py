@@ -43,6 +43,7 @@ DATA = {
     "cifar10": "datamodules.CIFAR10DataModule",
     "mnist": "datamodules.MNISTDataModule",
     "fashion_mnist": "datamodules.FashionMNISTDataModule",
+    "image_folder": "datamodules.ImageFolderDataModule",
 }
 CLASS_NAMES = {"model": {ImageClassifier.__name__}, "data": {p.rsplit(".", 1)[1] for p in DATA.values()}}
 

@@ -2,7 +2,8 @@
 
 from datamodules.base import DataSetupError, ImageDataModule
 from datamodules.cifar10 import CIFAR10DataModule
+from datamodules.image_folder import ImageFolderDataModule
 from datamodules.mnist import FashionMNISTDataModule, MNISTDataModule
 
-__all__ = ["DataSetupError", "ImageDataModule", "CIFAR10DataModule", "MNISTDataModule",
-           "FashionMNISTDataModule"]
+__all__ = ["CIFAR10DataModule", "DataSetupError", "FashionMNISTDataModule", "ImageDataModule",
+           "ImageFolderDataModule", "MNISTDataModule"]

@@ -37,8 +37,9 @@ class CIFAR10DataModule(ImageDataModule):
         return [folder / name for name, _ in names] + [folder / CIFAR10.meta["filename"]]
 
     def fetch(self) -> None:
+        root = self.writable_data_dir()
         try:
-            CIFAR10(self.data_dir, train=True, download=True)
+            CIFAR10(root, train=True, download=True)
         except (URLError, OSError, RuntimeError) as e:
             raise DataSetupError(
                 f"CIFAR-10 is not in {self.data_dir} and could not be downloaded ({download_failure(e)}). "

@@ -41,8 +41,9 @@ class MNISTDataModule(ImageDataModule):
         self._extract_local_archives()
         if all(f.is_file() for f in self.source_files("train") + self.source_files("test")):
             return
+        root = self.writable_data_dir()
         try:
-            self.dataset_class(self.data_dir, train=True, download=True)
+            self.dataset_class(root, train=True, download=True)
         except (URLError, OSError, RuntimeError) as e:
             files = ", ".join(name for name, _ in self.dataset_class.resources)
             raise DataSetupError(

@@ -1,0 +1,202 @@
+"""Your own images: a folder with train/<class>/, test/<class>/ and optionally val/<class>/ image files."""
+
+import hashlib
+import os
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from jsonargparse.typing import PositiveInt
+from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image, ImageOps
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from datamodules.base import DataSetupError, ImageDataModule
+
+# Images per task of the decoding pool. Fewer than two tasks' worth decode in this process: starting
+# worker processes costs more than they save.
+CHUNK = 1000
+
+
+def open_image(path: Path, mode: str) -> Image.Image:
+    """The image file at `path` decoded in PIL `mode` ("L" or "RGB"); a DataSetupError naming it if broken."""
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode)  # reads the whole file: this is where a truncated one fails
+    except Exception as e:  # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
+        raise DataSetupError(f"cannot read the image {path} ({type(e).__name__}: {e}); "
+                             f"replace or remove it") from None
+
+
+def read_images(paths: list[Path], mode: str, size: tuple[int, int], resize: bool) -> np.ndarray:
+    """Decode image files into one uint8 array (n, H, W, C).
+
+    `size` is (width, height), as PIL has it. With `resize`, each image is scaled so that it covers
+    `size` and centre-cropped to it (torchvision's Resize + CenterCrop); without, every image must
+    already have that size. A module-level function, so that worker processes can run it.
+    """
+    out = np.empty((len(paths), size[1], size[0], len(mode)), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        image = open_image(path, mode)
+        if resize and image.size != size:
+            image = ImageOps.fit(image, size, Image.Resampling.BILINEAR)
+        if image.size != size:
+            raise DataSetupError(f"{path} is {image.size[0]}x{image.size[1]} pixels, unlike the "
+                                 f"{size[0]}x{size[1]} of the first training image; pass --data.image_size N "
+                                 f"to resize every image to NxN")
+        out[i] = np.asarray(image).reshape(out.shape[1:])
+    return out
+
+
+def all_grey(images: np.ndarray, chunk: int = 4096) -> bool:
+    """Whether R = G = B in every pixel of (n, H, W, 3) images (in chunks: one comparison can be huge)."""
+    parts = (images[i:i + chunk] for i in range(0, len(images), chunk))
+    return all((part[..., :1] == part).all() for part in parts)
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """A folder of your own images (`--data image_folder --data.root DIR`).
+
+    DIR/train/<class>/*, DIR/test/<class>/* and optionally DIR/val/<class>/* (without it, a seeded
+    `val_size` split of train validates). The class names and their order are the sorted folder names
+    of DIR/train, as in `torchvision.datasets.ImageFolder` (hidden folders are skipped); test and val must
+    have the same folders.
+    Files that are not images (by extension: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) are
+    ignored with a warning.
+
+    The images are decoded once, by all CPU cores, into the uint8 cache in `data_dir/cache/` (not in
+    DIR, which may be read-only); it is rebuilt when a file in DIR is added, removed or changed.
+
+    Args:
+        root: the folder holding train/ and test/.
+        image_size: resize (the shorter side, then a centre crop) every image to image_size x
+            image_size; needed when the images differ in size.
+        channels: 1 (grey) or 3 (RGB); by default 1 if every training image is grey, else 3.
+        val_size: images split off train for validation when there is no val/ folder; by default a
+            tenth of the training images, at most 5000 (CIFAR-10's split for 50,000).
+
+    No augmentation by default (only you know whether a mirrored image is still the same class); the
+    `--model cnn` recipe turns on its crops and flips, as for any data set. The other arguments are
+    ImageDataModule's.
+    """
+
+    name = "image_folder"
+
+    def __init__(self, root: str, image_size: PositiveInt | None = None,
+                 channels: Literal[1, 3] | None = None, val_size: PositiveInt | None = None, **kwargs):
+        # Nothing here may raise a DataSetupError: the CLI would report it with a traceback. The folder is
+        # first looked at when the CLI links `classes` and `image_shape` into the model.
+        super().__init__(val_size=val_size, **kwargs)
+        self.root = Path(root).expanduser().resolve()
+        self.image_size, self.channels = image_size, channels
+        self._classes: list[str] | None = None
+        self._image_shape: tuple[int, int, int] | None = None
+        self._files: dict[str, tuple[list[Path], list[int]]] = {}
+
+    @property
+    def classes(self) -> list[str]:
+        if self._classes is None:
+            self._classes = self._class_folders("train")
+        return self._classes
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        # Only the images say how big they are and whether they are grey: the first look decodes the
+        # training split into the cache, and later runs read it from there.
+        if self._image_shape is None:
+            self._image_shape = tuple(self.load_split("train")["images"].shape[1:])
+        return self._image_shape
+
+    @property
+    def has_validation_split(self) -> bool:
+        return (self.root / "val").is_dir()
+
+    def _class_folders(self, split: str) -> list[str]:
+        folder = self.root / split
+        if not folder.is_dir():
+            raise DataSetupError(f"there is no folder {folder}: --data.root must hold train/<class>/ and "
+                                 f"test/<class>/ folders of images (and optionally val/<class>/)")
+        # Hidden folders (.ipynb_checkpoints, say) are not classes.
+        classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise DataSetupError(f"{folder} has no class folders: put the images of each class in a folder "
+                                 f"named after it, {folder}/<class>/")
+        return classes
+
+    def _list(self, split: str) -> tuple[list[Path], list[int]]:
+        """The image files of `split` in ImageFolder's order, with their labels; listed once per run."""
+        if split in self._files:
+            return self._files[split]
+        folder = self.root / split
+        classes = self._class_folders(split)
+        if classes != self.classes:
+            missing, extra = set(self.classes) - set(classes), set(classes) - set(self.classes)
+            raise DataSetupError(f"{folder} must have the same class folders as {self.root / 'train'}"
+                                 + (f"; missing: {', '.join(sorted(missing))}" if missing else "")
+                                 + (f"; not in train: {', '.join(sorted(extra))}" if extra else ""))
+        files, labels, ignored = [], [], [Path(e.path) for e in os.scandir(folder) if e.is_file()]
+        for label, name in enumerate(classes):
+            found = []
+            for dirpath, _, filenames in sorted(os.walk(folder / name, followlinks=True)):
+                for filename in sorted(filenames):
+                    is_image = filename.lower().endswith(IMG_EXTENSIONS)
+                    (found if is_image else ignored).append(Path(dirpath, filename))
+            if not found:
+                raise DataSetupError(f"the class folder {folder / name} has no images "
+                                     f"({' '.join(IMG_EXTENSIONS)} files)")
+            files += found
+            labels += [label] * len(found)
+        if ignored:
+            warnings.warn(f"ignored {len(ignored)} files in {folder} that are not images in a class folder, "
+                          f"e.g. {ignored[0]}")
+        self._files[split] = files, labels
+        return files, labels
+
+    def source_files(self, split: str) -> list[Path]:
+        return self._list(split)[0]
+
+    def cache_path(self, split: str) -> Path:
+        # One cache per folder and decoding settings: two roots with the same name never share one.
+        settings = repr((str(self.root), self.image_size, self.channels))
+        tag = hashlib.sha1(settings.encode()).hexdigest()[:10]
+        return self.data_dir / "cache" / f"{self.name}-{self.root.name}-{tag}-{split}.pt"
+
+    def fetch(self) -> None:
+        # Called when a listed file is not a readable file (a dangling link, say): nothing to download.
+        missing = [str(f) for files, _ in self._files.values() for f in files if not f.is_file()]
+        raise DataSetupError(f"cannot read the image {missing[0] if missing else self.root}: it is not a "
+                             f"file (a broken link?); replace or remove it")
+
+    def setup(self, stage: str | None = None):
+        if self.val_size is None:
+            self.val_size = min(5000, max(1, len(self.source_files("train")) // 10))
+        super().setup(stage)
+
+    def decode(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        files, labels = self._list(split)
+        if split == "train":
+            # RGB unless told otherwise; reduced to one channel below if every image turns out grey.
+            mode = "L" if self.channels == 1 else "RGB"
+            size = (self.image_size,) * 2 if self.image_size else open_image(files[0], mode).size
+        else:
+            channels, height, width = self.image_shape  # the other splits follow the training images
+            mode, size = ("L" if channels == 1 else "RGB"), (width, height)
+        rank_zero_info(f"Decoding the {len(files):,} images in {self.root / split} (cached for later runs)")
+        read = partial(read_images, mode=mode, size=size, resize=bool(self.image_size))
+        chunks = [files[i:i + CHUNK] for i in range(0, len(files), CHUNK)]
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(cpus, len(chunks))
+        # Processes, not threads: PIL holds the GIL for most of a small image's decode (CIFAR-10's JPEGs on
+        # 2 cores: 2 threads were slower than 1, 2 processes 1.8x faster).
+        if workers > 1:
+            with ProcessPoolExecutor(workers) as pool:
+                images = np.concatenate(list(pool.map(read, chunks)))
+        else:
+            images = read(files)
+        if split == "train" and self.channels is None and all_grey(images):
+            images = images[..., :1]
+        return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.tensor(labels)
