@@ -49,7 +49,8 @@ CLASS_NAMES = {"model": {ImageClassifier.__name__}, "data": {p.rsplit(".", 1)[1]
 
 
 # jsonargparse would print every one of LightningCLI's ~150 options above each error.
-USAGE = "train.py [--model cnn|mlp] [--data NAME] [--config FILE] [--ckpt_path last|FILE] [options] (--help: all)"
+USAGE = ("train.py [--model cnn|mlp] [--data NAME] [--config FILE] [--ckpt_path last|FILE] [options] "
+         "(--help: all)")
 
 
 class UsageError(Exception):
@@ -122,8 +123,8 @@ class TrainCLI(LightningCLI):
         trainer = self.config["trainer"]
         if trainer.get("precision") is None:
             # bf16 autocast where the GPU has bf16 units; on a CPU it is slower than float32.
-            cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-            trainer["precision"] = "bf16-mixed" if cuda_bf16 else "32-true"
+            on_gpu = torch.cuda.is_available() and trainer.get("accelerator") in ("auto", "gpu", "cuda")
+            trainer["precision"] = "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision("high")  # TF32 matmuls for what stays in float32
         logger = trainer.get("logger")
@@ -132,20 +133,22 @@ class TrainCLI(LightningCLI):
             # Absolute, so that checkpoints record where they are, and a run resumed from another
             # directory still finds its best checkpoint.
             tensorboard.init_args.save_dir = str(Path(tensorboard.init_args.save_dir).resolve())
-        self.checkpoint = resume.load_checkpoint(self.config["ckpt_path"], tensorboard)
+        self.resume_checkpoint = resume.load_checkpoint(self.config["ckpt_path"], tensorboard)
         if tensorboard is not None:
-            run_dir = resume.choose_run_dir(tensorboard.init_args, self.checkpoint)
+            run_dir = resume.choose_run_dir(tensorboard.init_args, self.resume_checkpoint)
             if run_dir is not None:  # continuing a run: keep its config.yaml, add this one beside it
-                self.save_config_kwargs["config_filename"] = resume.free_name(run_dir, "config.resume{}.yaml")
+                config_name = resume.free_name(run_dir, "config.resume{}.yaml")
+                self.save_config_kwargs["config_filename"] = config_name
             if os.environ.get("SLURM_JOB_ID"):  # Lightning's hpc_ckpt_*.ckpt go here, one job's only
-                trainer["default_root_dir"] = str(resume.logs_root(tensorboard.init_args) / tensorboard.init_args.version)
+                args = tensorboard.init_args
+                trainer["default_root_dir"] = str(resume.logs_root(args) / args.version)
         if not logger:  # these need a logger
             self.trainer_defaults["callbacks"] = [cb for cb in self.trainer_defaults["callbacks"]
                                                   if not isinstance(cb, (LearningRateMonitor, TensorBoardDashboards))]
 
     def after_instantiate_classes(self) -> None:
-        if self.checkpoint is not None:
-            resume.check_compatible(self.checkpoint, self.model)
+        if self.resume_checkpoint is not None:
+            resume.check_compatible(self.resume_checkpoint, self.model)
 
 
 def trainer_defaults() -> dict:
@@ -199,7 +202,8 @@ def run(argv: list[str]) -> dict:
     warnings.filterwarnings("ignore", r"`torch\.jit\.trace(_method)?` is deprecated", FutureWarning)
     cli = TrainCLI(ImageClassifier, ImageDataModule, subclass_mode_model=True, subclass_mode_data=True,
                    trainer_defaults=trainer_defaults(), seed_everything_default=0, run=False,
-                   save_config_kwargs={"overwrite": False}, parser_kwargs={"usage": USAGE, "description": __doc__.split("\n")[0]},
+                   save_config_kwargs={"overwrite": False},
+                   parser_kwargs={"usage": USAGE, "description": __doc__.split("\n")[0]},
                    args=expand_short_names(argv))
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     effective_batch = data.batch_size * trainer.world_size * trainer.accumulate_grad_batches
@@ -208,7 +212,7 @@ def run(argv: list[str]) -> dict:
               f"{data.batch_size} = effective batch {effective_batch}; the learning rate is not scaled "
               f"with it (set --model.lr for that)")
     start = time.perf_counter()
-    fit(trainer, model, data, cli.checkpoint)
+    fit(trainer, model, data, cli.resume_checkpoint)
     fit_seconds = time.perf_counter() - start
     speed = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingSpeed))
     best = next((cb.best_model_path for cb in trainer.checkpoint_callbacks if cb.monitor), "")
@@ -237,7 +241,7 @@ def run(argv: list[str]) -> dict:
         "channels_last": model.uses_channels_last,
         "compile": model.hparams.compile,
         "seed": cli.config["seed_everything"],
-        "resumed_from": str(cli.checkpoint.path) if cli.checkpoint else None,
+        "resumed_from": str(cli.resume_checkpoint.path) if cli.resume_checkpoint else None,
         "checkpoint": best,
         "log_dir": trainer.log_dir,
     }

@@ -1,9 +1,8 @@
 """train.py as a user runs it: fit + test, what a run writes, overrides, configs, and bad names."""
 
-import yaml
 import pytest
 import torch
-
+import yaml
 from helpers import results, run_dirs, run_inprocess, run_subprocess, scalars
 
 MNIST_SMALL = ["--data.val_size=100", "--data.eval_batch_size=64"]

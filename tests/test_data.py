@@ -4,8 +4,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import class_images, write_mnist
+
 from datamodules import CIFAR10DataModule, DataSetupError, FashionMNISTDataModule, MNISTDataModule
 from datamodules.base import channel_stats
 from datamodules.device_batches import DeviceBatches, random_crop, random_flip

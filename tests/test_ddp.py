@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from helpers import ROOT, results, run_dirs, run_subprocess
 
 

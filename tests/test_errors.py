@@ -5,7 +5,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import write_mnist
 from helpers import run_dirs, run_inprocess
 

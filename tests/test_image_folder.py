@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import class_images
+from helpers import results, run_dirs, run_inprocess
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from conftest import class_images
 from datamodules import DataSetupError, ImageFolderDataModule, image_folder
-from helpers import results, run_dirs, run_inprocess
 
 # Written in this order; the module must number them as ImageFolder does, sorted.
 CLASSES = ["zebra", "ant", "moth", "cat"]

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 import yaml
-
 from helpers import ROOT, results, run_dirs, run_subprocess
 
 # 500 training images in batches of 50: 10 steps an epoch, 30 in all.

@@ -10,10 +10,9 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
+from helpers import results, run_dirs, run_subprocess, scalars
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-
-from helpers import results, run_dirs, run_subprocess, scalars
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
