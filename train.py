@@ -115,6 +115,8 @@ class TrainCLI(LightningCLI):
             "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
             "checkpoint.auto_insert_metric_name": False,
         })
+        parser.add_argument("--tf32", type=bool, default=True,
+                            help="TF32 matmuls and convolutions on NVIDIA GPUs (float32 precision='high')")
         parser.add_argument("--ckpt_path", type=Optional[str], default=None,
                             help="Resume: 'last' (the newest run's checkpoints/last.ckpt) or a checkpoint file. "
                                  "A run's own checkpoint continues in that run's directory.")
@@ -125,8 +127,10 @@ class TrainCLI(LightningCLI):
             # bf16 autocast where the GPU has bf16 units; on a CPU it is slower than float32.
             on_gpu = torch.cuda.is_available() and trainer.get("accelerator") in ("auto", "gpu", "cuda")
             trainer["precision"] = "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
-        if torch.cuda.is_available():
-            torch.set_float32_matmul_precision("high")  # TF32 matmuls for what stays in float32
+        if torch.cuda.is_available() and self.config["tf32"]:
+            # TF32 for what stays in float32; on the CPU this setting would change the matmul kernels.
+            torch.set_float32_matmul_precision("high")
+            torch.backends.cudnn.allow_tf32 = True
         logger = trainer.get("logger")
         tensorboard = logger if getattr(logger, "class_path", "").endswith("TensorBoardLogger") else None
         if tensorboard is not None:
@@ -239,6 +243,8 @@ def run(argv: list[str]) -> dict:
         "device": device_name(trainer),
         "precision": trainer.precision,
         "channels_last": model.uses_channels_last,
+        "tf32": trainer.strategy.root_device.type == "cuda" and cli.config["tf32"],
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "compile": model.hparams.compile,
         "seed": cli.config["seed_everything"],
         "resumed_from": str(cli.resume_checkpoint.path) if cli.resume_checkpoint else None,

@@ -60,7 +60,8 @@ class ImageClassifier(L.LightningModule):
         # logger=False: the HParamsSummary callback writes them, with the metrics they are judged by.
         self.save_hyperparameters(logger=False)
         self.net = NETWORKS[arch](tuple(image_shape), num_classes)
-        self.example_input_array = torch.zeros(1, *image_shape)  # for the TensorBoard graph
+        # For the TensorBoard graph, which is traced with torch.jit: a compiled network cannot be.
+        self.example_input_array = None if compile else torch.zeros(1, *image_shape)
         self.class_names = class_names or [str(i) for i in range(num_classes)]
         self.uses_channels_last = channels_last and any(isinstance(m, nn.Conv2d) for m in self.net.modules())
         if self.uses_channels_last:

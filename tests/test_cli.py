@@ -21,6 +21,7 @@ def test_mlp_fit_test_writes_logs_checkpoints_config_results(mnist_dir, tmp_path
     assert (res["model"], res["data"], res["epochs"]) == ("mlp", "mnist", 3)
     assert res["test_samples"] == 200  # every test image, exactly once
     assert res["device"] == "cpu" and res["precision"] == "32-true"
+    assert res["tf32"] is False and res["cudnn_benchmark"] is True  # GPU settings, reported
     assert res["test/acc"] > 0.6  # learnable data: chance is 0.1
     tags = scalars(run)
     for tag in EPOCH_METRICS:
@@ -146,3 +147,14 @@ def test_same_seed_same_numbers(mnist_dir, in_tmp):
     assert first["test/loss"] == second["test/loss"] and first["val/acc_best"] == second["val/acc_best"]
     assert run_inprocess(args + ["--seed_everything=1"]) == 0
     assert results(run_dirs(in_tmp)[2])["test/loss"] != first["test/loss"]
+
+
+@pytest.mark.slow
+def test_compile_trains_the_same_network(mnist_dir, in_tmp):
+    code = run_inprocess(["--model", "mlp", "--data.data_dir", str(mnist_dir), *MNIST_SMALL,
+                          "--trainer.max_epochs=1", "--data.batch_size=50", "--model.compile=true"])
+    assert code == 0
+    res = results(run_dirs(in_tmp)[0])
+    assert res["compile"] is True and res["test/acc"] > 0.5
+    state = torch.load(res["checkpoint"], weights_only=True)["state_dict"]
+    assert "net.fc1.weight" in state  # the same keys as without compile: checkpoints interchange
