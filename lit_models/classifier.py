@@ -57,7 +57,7 @@ class ImageClassifier(L.LightningModule):
         compile: bool = False,
     ):
         super().__init__()
-        # logger=False: the HParamsSummary callback writes them, with the metrics they are judged by.
+        # logger=False: TensorBoardDashboards writes them, with the metrics they are judged by.
         self.save_hyperparameters(logger=False)
         self.net = NETWORKS[arch](tuple(image_shape), num_classes)
         # For the TensorBoard graph, which is traced with torch.jit: a compiled network cannot be.
