@@ -272,7 +272,7 @@ def release_process_group() -> None:
 
     Lightning leaves it alive, and gloo's worker threads then die during interpreter teardown: one run in
     ten or so aborted with "terminate called without an active exception" (SIGABRT) after it had finished.
-    Only called where every rank got to the same point, since destroying it is collective under NCCL.
+    Only called where every rank got to the same point: destroying it mid-collective can hang.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -293,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: {USAGE}\ntrain.py: error: {e}", file=sys.stderr)
         return 2
     except Stopped as e:
-        release_process_group()
+        if e.exit_code == 143:  # Lightning agrees on a SIGTERM stop across ranks; Ctrl-C can land mid-collective
+            release_process_group()
         print(f"train.py: {e}", file=sys.stderr)
         return e.exit_code
     except (*USER_ERRORS, torch.cuda.OutOfMemoryError) as e:
