@@ -16,9 +16,9 @@ and prints a markdown table.
 - "to seed acc" is the training time until the test accuracy first reached the seed's: train.py's
   whole run (it tests once, at the end), the bare loop's epochs up to the first that reached it.
 - "images/s" is training images per second in the median epoch (first epochs left out); for
-  default and bare, of all their runs: this one plus --repeats short ones, alternating, so that
-  both see the same machine (a shared 2-core VM drifts by 20% over minutes). "vs bare" compares
-  train.py with the bare loop at the same recipe and batch size.
+  default and bare, of --repeats pairs of short runs, train.py then the bare loop, so that both see
+  the same machine (a shared 2-core VM drifts by 20% over minutes). "vs bare" is train.py's
+  throughput over the bare loop's at the same recipe and batch size: the median over the pairs.
 
 The CIFAR-10 archive is JPEG-re-encoded, so torchvision's md5 check of the pickle batches written from
 it cannot pass: the CIFAR-10 runs get ../shared/datasets/offline_cifar10 on PYTHONPATH, as that
@@ -103,18 +103,21 @@ def bare_run(args: list, env: dict, cwd: Path) -> dict:
 
 
 def compare(project: tuple[list, dict], bare: tuple[list, dict], runs: dict, repeats: int) -> None:
-    """Short default-recipe runs of train.py and the bare loop, alternating; then the median epoch.
+    """Short default-recipe runs of train.py and the bare loop, in pairs back to back; then the ratios.
 
-    The speed of a shared VM drifts by 20% over minutes: alternating short runs exposes both loops to
-    the same drift, and the median of all their epochs (the first of each run, which warms up, left
-    out) is robust to the bursts that make single epochs or best-of-N figures swing.
+    The speed of a shared VM drifts by 20% over minutes, more than the difference being measured: each
+    pair sees nearly the same machine, so "vs bare" is the median over pairs of the ratio of their median
+    epochs (the first epoch of each run, which warms up, left out), and its range is printed under the
+    table. "images/s" of default and bare is that of the median epoch over all their paired runs.
     """
-    timings = {"default": [runs["default"]], "bare": [runs["bare"]]}
-    for _ in range(repeats):
-        timings["default"].append(project_run(*project))
-        timings["bare"].append(bare_run(*bare))
-    for label, results in timings.items():
-        runs[label]["typical_epoch_s"] = statistics.median(t for r in results for t in r["epoch_seconds"][1:])
+    pairs = [(project_run(*project), bare_run(*bare)) for _ in range(repeats)]
+    typical = [[statistics.median(r["epoch_seconds"][1:]) for r in pair] for pair in pairs]
+    ratios = sorted(bare_s / project_s for project_s, bare_s in typical)
+    runs["default"]["vs_bare"] = statistics.median(ratios)
+    runs["default"]["vs_bare_range"] = (ratios[0], ratios[-1])
+    runs["default"]["pairs"] = len(pairs)
+    for label, i in (("default", 0), ("bare", 1)):
+        runs[label]["typical_epoch_s"] = statistics.median(t for pair in pairs for t in pair[i]["epoch_seconds"][1:])
 
 
 def table(name: str, runs: dict, target: float | None) -> str:
@@ -123,7 +126,6 @@ def table(name: str, runs: dict, target: float | None) -> str:
         if "epoch_seconds" in r:
             epochs = r["epoch_seconds"][1:] or r["epoch_seconds"]
             r["images_per_s"] = r["images_per_epoch"] / r.get("typical_epoch_s", statistics.median(epochs))
-    bare_ips = runs.get("bare", {}).get("images_per_s")
     lines = [f"| {name} | epochs | batch | train s | fit s | to seed acc | vs seed | test acc | images/s | vs bare |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in runs.items():
@@ -136,13 +138,17 @@ def table(name: str, runs: dict, target: float | None) -> str:
                         break
             elif r["test_acc"] >= target and label != "default":
                 reached = r["train_s"]
-        reach = f"{reached:.1f} s" if reached else ("n/a" if label == "default" else "not reached")
+        reach = f"{reached:.1f} s" if reached else ("n/a" if label == "default" or target is None else "not reached")
         speedup = f"{seed_s / reached:.0f}x" if reached and seed_s and label != "seed" else ""
         ips = f"{r['images_per_s']:,.0f}" if r.get("images_per_s") else ""
-        vs_bare = f"{r['images_per_s'] / bare_ips:.0%}" if label == "default" and bare_ips else ""
+        vs_bare = f"{r['vs_bare']:.0%}" if "vs_bare" in r else ""
         fit = f"{r['fit_s']:.1f}" if "fit_s" in r else ""
         lines.append(f"| {label} | {r['epochs']} | {r.get('batch', '')} | {r['train_s']:.1f} | {fit} | {reach} | "
                      f"{speedup} | {100 * r['test_acc']:.1f}% | {ips} | {vs_bare} |")
+    if "vs_bare_range" in runs.get("default", {}):
+        low, high = runs["default"]["vs_bare_range"]
+        lines.append(f"\nvs bare: median of {runs['default']['pairs']} back-to-back pairs of runs; range {low:.0%} to "
+                     f"{high:.0%}.")
     return "\n".join(lines)
 
 
@@ -167,8 +173,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/lit-bench"), help="data and run logs")
     parser.add_argument("--only", choices=["cnn", "mlp"])
     parser.add_argument("--skip-seeds", action="store_true", help="leave out the (slow) seed scripts")
-    parser.add_argument("--repeats", type=int, default=4,
-                        help="extra short runs of train.py and of the bare loop, alternating, for images/s")
+    parser.add_argument("--repeats", type=int, default=6,
+                        help="back-to-back pairs of short train.py and bare-loop runs, for images/s and vs bare")
     args = parser.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
