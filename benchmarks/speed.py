@@ -1,6 +1,6 @@
 """Side by side on one machine: the tutorials' own scripts, this project, and a bare PyTorch loop.
 
-    python benchmarks/speed.py                  # CPU; about 10 minutes on 2 cores
+    python benchmarks/speed.py                  # CPU; about 11 minutes on 2 cores
     python benchmarks/speed.py --device cuda    # on a GPU
     python benchmarks/speed.py --only mlp --skip-seeds
 
