@@ -103,7 +103,9 @@ class DeviceBatches:
         self._yielded = start
         for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
-            images = self.images[index]
+            # index_select, not images[index]: on a CPU, advanced indexing of a uint8 tensor took 330 µs
+            # for an MLP batch (5% of its step), index_select 20 µs. Same result.
+            images = self.images.index_select(0, index)
             if self.crop_padding or self.flip:
                 # Seeded per batch, so that a resumed epoch need not replay the batches before it.
                 generator.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + i) * 1009 + self.rank)
@@ -112,4 +114,4 @@ class DeviceBatches:
             if self.flip:
                 images = random_flip(images, generator)
             self._yielded = i + 1
-            yield images.float().mul_(self.scale).add_(self.shift), self.labels[index]
+            yield images.float().mul_(self.scale).add_(self.shift), self.labels.index_select(0, index)
