@@ -218,8 +218,9 @@ class ImageDataModule(L.LightningDataModule):
             generator = torch.Generator().manual_seed(self.split_seed)
             order = torch.randperm(len(train["images"]), generator=generator)
             val_idx, train_idx = order[:self.val_size], order[self.val_size:]
-            self.splits = {"train": (train["images"][train_idx], train["labels"][train_idx]),
-                           "val": (train["images"][val_idx], train["labels"][val_idx])}
+            # index_select, as in DeviceBatches: advanced indexing of uint8 images is 2-3x slower on a CPU.
+            self.splits = {name: (train["images"].index_select(0, idx), train["labels"].index_select(0, idx))
+                           for name, idx in (("train", train_idx), ("val", val_idx))}
         self.splits["test"] = (test["images"].clone(), test["labels"].clone())
         if self.on_device:
             device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
