@@ -232,6 +232,7 @@ class ImageDataModule(L.LightningDataModule):
     def _batches(self, split: str, train: bool):
         images, labels = self.splits[split]
         rank, world_size = self._rank()
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # seed_everything's, for the shuffling
         batch_size = self.batch_size if train else self.eval_batch_size
         if train and len(images) // world_size < batch_size:
             raise DataSetupError(f"--data.batch_size {batch_size} is larger than the {len(images)} training "
@@ -240,11 +241,10 @@ class ImageDataModule(L.LightningDataModule):
         if self.on_device:
             return DeviceBatches(images, labels, batch_size, self.mean, self.std, shuffle=train,
                                  crop_padding=self.crop_padding if train else 0, flip=self.flip and train,
-                                 seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), rank=rank,
-                                 world_size=world_size)
-        return self._dataloader(images, labels, batch_size, train, rank, world_size)
+                                 seed=seed, rank=rank, world_size=world_size)
+        return self._dataloader(images, labels, batch_size, train, seed, rank, world_size)
 
-    def _dataloader(self, images, labels, batch_size, train, rank, world_size) -> DataLoader:
+    def _dataloader(self, images, labels, batch_size, train, seed, rank, world_size) -> DataLoader:
         transforms = []
         if train and self.crop_padding:
             transforms.append(v2.RandomCrop(images.shape[-2:], padding=self.crop_padding))
@@ -253,8 +253,7 @@ class ImageDataModule(L.LightningDataModule):
         transforms += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean.tolist(), self.std.tolist())]
         dataset = TensorImageDataset(images, labels, v2.Compose(transforms))
         if train:
-            sampler = DistributedSampler(dataset, world_size, rank, shuffle=True,
-                                         seed=int(os.environ.get("PL_GLOBAL_SEED", 0)), drop_last=True)
+            sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         else:
             # Unlike DistributedSampler, never pads with repeats: every sample is counted exactly once.
             sampler = UnrepeatedDistributedSampler(dataset, world_size, rank, shuffle=False)
