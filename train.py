@@ -210,7 +210,7 @@ def run(argv: list[str]) -> dict:
                    parser_kwargs={"usage": USAGE, "description": __doc__.split("\n")[0]},
                    args=expand_short_names(argv))
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
-    effective_batch = data.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+    effective_batch = data.effective_batch_size(trainer)
     if effective_batch != data.batch_size and trainer.is_global_zero:
         print(f"{trainer.world_size} processes x {trainer.accumulate_grad_batches} accumulated x batch "
               f"{data.batch_size} = effective batch {effective_batch}; the learning rate is not scaled "

@@ -226,6 +226,10 @@ class ImageDataModule(L.LightningDataModule):
             device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
             self.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in self.splits.items()}
 
+    def effective_batch_size(self, trainer) -> int:
+        """Images per optimizer step: the batch of every process, times the batches accumulated."""
+        return self.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+
     def _rank(self) -> tuple[int, int]:
         return (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
 

@@ -29,7 +29,7 @@ def run_hparams(trainer, module, datamodule) -> dict:
         "schedule": type(schedules[0].scheduler).__name__ if schedules else "constant",
         "label_smoothing": float(module.hparams.label_smoothing),
         "batch_size": datamodule.batch_size,
-        "effective_batch_size": datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches,
+        "effective_batch_size": datamodule.effective_batch_size(trainer),
         "crop_padding": datamodule.crop_padding,
         "flip": datamodule.flip,
         "max_epochs": trainer.max_epochs,
