@@ -23,9 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from lit_models.classifier import ImageClassifier, make_optimizer  # noqa: E402
-
-DATA = {"cifar10": "datamodules.CIFAR10DataModule", "mnist": "datamodules.MNISTDataModule",
-        "fashion_mnist": "datamodules.FashionMNISTDataModule"}
+from train import DATA  # noqa: E402  (the short data names train.py takes)
 
 
 def load_class(path: str):
