@@ -1,9 +1,7 @@
 """What every data module shares: a uint8 tensor cache, a seeded validation split, normalisation, and
 batching either on the device (default) or through a classic DataLoader."""
 
-import hashlib
 import os
-import warnings
 from pathlib import Path
 
 import lightning as L
@@ -13,9 +11,8 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.transforms import v2
 
+from datamodules import cache
 from datamodules.device_batches import DeviceBatches
-
-CACHE_FORMAT = 1  # bump when the layout of the cache files changes
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,10 +145,6 @@ class ImageDataModule(L.LightningDataModule):
         """Where the decoded `split` is cached."""
         return self.data_dir / "cache" / f"{self.name}-{split}.pt"
 
-    def _source_key(self, files: list[Path]) -> str:
-        stats = [(str(f), st.st_size, st.st_mtime_ns) for f in sorted(files) for st in [f.stat()]]
-        return hashlib.sha1(repr((CACHE_FORMAT, stats)).encode()).hexdigest()
-
     def load_split(self, split: str) -> dict:
         """The cached tensors of `split`, decoding (and downloading, if allowed) when needed."""
         if split not in self._loaded:  # prepare_data, setup and image_shape may all ask
@@ -166,15 +159,11 @@ class ImageDataModule(L.LightningDataModule):
                 raise DataSetupError(f"{self.name}: missing {missing} (and --data.download is false)")
             self.fetch()
             files = self.source_files(split)
-        key = self._source_key(files)
+        key = cache.source_key(files)
         path = self.cache_path(split)
-        if path.is_file():
-            try:
-                cached = torch.load(path, mmap=True, weights_only=True)
-                if cached.get("key") == key:
-                    return cached
-            except Exception:  # a truncated or foreign cache file: rebuild it below
-                pass
+        cached = cache.load(path, key)
+        if cached is not None:
+            return cached
         try:
             images, labels = self.decode(split)
         except DataSetupError:
@@ -186,13 +175,7 @@ class ImageDataModule(L.LightningDataModule):
                                  f"afresh.") from None
         mean, std = channel_stats(images)
         cached = {"key": key, "images": images.contiguous(), "labels": labels.long(), "mean": mean, "std": std}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            torch.save(cached, tmp)
-            os.replace(tmp, path)  # atomic: a concurrent or interrupted run never sees half a file
-        except OSError as e:
-            warnings.warn(f"could not write the data cache {path} ({e.strerror}); decoding again next run")
+        cache.save(path, cached)
         return cached
 
     # --- Lightning hooks ------------------------------------------------------------------------
