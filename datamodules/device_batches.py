@@ -9,6 +9,23 @@ handful of batched tensor ops on the device (the recipe of KellerJordan/cifar10-
 import torch
 import torch.nn.functional as F
 
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values: int) -> int:
+    """One 63-bit seed from several integers (splitmix64), for torch.Generator.manual_seed.
+
+    Any seeds (up to 2^64) and epoch and batch numbers, without overflow, and well apart for neighbours.
+    """
+    state = 0
+    for value in values:
+        state = (state + (value & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
+
 
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Crop each image of a batch at a random offset after zero-padding it by `padding` pixels.
@@ -36,9 +53,8 @@ class DeviceBatches:
 
     Each `iter()` is a fresh epoch. With `shuffle`, the order of epoch e is a function of `(seed, e)`
     and the augmentation of its batch i of `(seed, e, i, rank)`: Lightning announces the epoch through
-    `sampler.set_epoch(e)`, the protocol of `DistributedSampler`, so a resumed run sees exactly the
-    batches it would have seen. It is also stateful (`state_dict`, `load_state_dict`, which Lightning
-    saves in checkpoints), so a run stopped mid-epoch resumes at the batch where it stopped.
+    `sampler.set_epoch(e)`, the protocol of `DistributedSampler`, and `iterate(start)` begins an epoch
+    at any batch, so a resumed run sees exactly the batches it would have seen.
 
     Under DDP, rank r of w takes every w-th sample of the shared permutation, cut to the same length on
     every rank, so that all ranks run the same number of steps. Without `shuffle` (evaluation), the
@@ -53,8 +69,6 @@ class DeviceBatches:
         self.crop_padding, self.flip = crop_padding, flip
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
-        self._yielded = 0  # batches of the current epoch handed out so far
-        self._resume_at = None  # (epoch, batch) to restart from, set by load_state_dict
         # One multiply-add per element turns 0..255 into normalised floats.
         self.scale = (1.0 / (255.0 * std)).view(1, -1, 1, 1).to(images.device)
         self.shift = (-mean / std).view(1, -1, 1, 1).to(images.device)
@@ -79,28 +93,19 @@ class DeviceBatches:
     def __len__(self) -> int:
         return self.num_batches
 
-    def state_dict(self) -> dict:
-        # Lightning fetches from sized loaders without prefetching: what was handed out was trained on.
-        return {"epoch": self.epoch, "batch": self._yielded}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._resume_at = (state["epoch"], state["batch"])
-
     def __iter__(self):
+        return self.iterate(0)
+
+    def iterate(self, start: int):
+        """The batches of the current epoch from batch `start` on."""
         device = self.images.device
         generator = torch.Generator(device=device)
-        generator.manual_seed(self.seed * 1_000_003 + self.epoch)
-        start = 0
-        if self._resume_at is not None:
-            if self._resume_at[0] == self.epoch:
-                start = self._resume_at[1]
-            self._resume_at = None
         if self.shuffle:
+            generator.manual_seed(mix_seed(self.seed, self.epoch))
             order = torch.randperm(len(self.images), device=device, generator=generator)
             order = order[self.rank::self.world_size][: self.num_samples]
         else:
             order = self.eval_indices
-        self._yielded = start
         for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
             # index_select, not images[index]: on a CPU, advanced indexing of a uint8 tensor took 330 µs
@@ -108,10 +113,9 @@ class DeviceBatches:
             images = self.images.index_select(0, index)
             if self.crop_padding or self.flip:
                 # Seeded per batch, so that a resumed epoch need not replay the batches before it.
-                generator.manual_seed(((self.seed * 1_000_003 + self.epoch) * 1_000_003 + i) * 1009 + self.rank)
+                generator.manual_seed(mix_seed(self.seed, self.epoch, i, self.rank))
             if self.crop_padding:
                 images = random_crop(images, self.crop_padding, generator)
             if self.flip:
                 images = random_flip(images, generator)
-            self._yielded = i + 1
             yield images.float().mul_(self.scale).add_(self.shift), self.labels.index_select(0, index)

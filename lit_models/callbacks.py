@@ -35,7 +35,7 @@ class TrainingSpeed(L.Callback):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._images += len(batch[1])  # a shape, not a value: no sync
+        self._images += sum(len(y) for _, y in batch)  # a chunk of (images, labels); shapes, not values: no sync
 
     def _stop(self, trainer) -> None:
         if self._start is None:
@@ -58,7 +58,8 @@ class TrainingSpeed(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._stop(trainer)  # for epochs without validation
-        pl_module.log_dict(self._epoch_metrics, sync_dist=True)
+        # This rank's figures (the ranks run in lockstep): logged without a collective, see ImageClassifier._log.
+        pl_module.log_dict(self._epoch_metrics, on_epoch=True, batch_size=1)
 
     @property
     def train_seconds(self) -> float:
@@ -67,6 +68,22 @@ class TrainingSpeed(L.Callback):
     @property
     def images_per_second(self) -> float:
         return self.train_images / self.train_seconds if self.train_seconds else 0.0
+
+
+class LearningRateCurve(L.Callback):
+    """Logs the learning rate of every `log_every_n_steps`-th optimizer step (`lr-SGD`, `lr-AdamW`, ...).
+
+    Lightning's LearningRateMonitor logs once per Lightning step, which here holds several optimizer
+    steps (`--data.steps_per_call`): the model notes the rates as it steps, and they are logged here
+    against their own optimizer step.
+    """
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        history, pl_module.lr_history = pl_module.lr_history, []
+        if trainer.is_global_zero:
+            for step, rates in history:
+                for logger in trainer.loggers:
+                    logger.log_metrics(rates, step=step)
 
 
 class LastCheckpoint(ModelCheckpoint):

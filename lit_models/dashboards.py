@@ -1,7 +1,5 @@
 """What TensorBoard shows beyond the scalars: the HParams tab, prediction grids, the confusion matrix."""
 
-import os
-
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -34,7 +32,7 @@ def run_hparams(trainer, module, datamodule) -> dict:
         "flip": datamodule.flip,
         "max_epochs": trainer.max_epochs,
         "precision": str(trainer.precision),
-        "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)),
+        "seed": datamodule.seed,
     }
 
 

@@ -36,9 +36,9 @@ def run_subprocess(args: list[str], cwd: Path, env: dict | None = None, timeout:
 
 
 def run_dirs(cwd: Path) -> list[Path]:
-    """The run directories under cwd/lightning_logs/, oldest first."""
+    """The run directories under cwd/lightning_logs/<model>-<data>/, oldest first."""
     logs = cwd / "lightning_logs"
-    return sorted(logs.glob("version_*"), key=lambda p: int(p.name.split("_")[1])) if logs.is_dir() else []
+    return sorted(logs.glob("*/version_*"), key=lambda p: p.stat().st_ctime_ns) if logs.is_dir() else []
 
 
 def results(run_dir: Path) -> dict:

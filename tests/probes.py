@@ -9,27 +9,35 @@ import lightning as L
 import torch
 
 
-class SigtermAtStep(L.Callback):
-    """Send this process SIGTERM after global step `step`: what a scheduler's pre-emption does."""
+class OnceAtStep(L.Callback):
+    """Acts once, after the first call (of --data.steps_per_call optimizer steps) that reaches global step `step`."""
 
     def __init__(self, step: int):
-        self.step = step
+        self.step, self.done = step, False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step and trainer.is_global_zero:
+        if trainer.global_step >= self.step and not self.done:
+            self.done = True
+            self.act(trainer, pl_module)
+
+    def act(self, trainer, pl_module):
+        raise NotImplementedError
+
+
+class SigtermAtStep(OnceAtStep):
+    """Send this process SIGTERM after global step `step`: what a scheduler's pre-emption does."""
+
+    def act(self, trainer, pl_module):
+        if trainer.is_global_zero:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-class NanLossAtStep(L.Callback):
+class NanLossAtStep(OnceAtStep):
     """Poison the weights after global step `step`, so that the next loss is NaN."""
 
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            with torch.no_grad():
-                next(pl_module.parameters()).fill_(float("nan"))
+    def act(self, trainer, pl_module):
+        with torch.no_grad():
+            next(pl_module.parameters()).fill_(float("nan"))
 
 
 class SaveWeights(L.Callback):
@@ -42,16 +50,12 @@ class SaveWeights(L.Callback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         weights = {k: v.flatten().tolist() for k, v in pl_module.net.state_dict().items()}
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps({
-            "world_size": trainer.world_size, "weights": weights,
-            "train_batches": trainer.num_training_batches}))
+            "world_size": trainer.world_size, "weights": weights, "global_step": trainer.global_step,
+            "train_batches": trainer.train_dataloader.num_steps}))
 
 
-class InterruptAtStep(L.Callback):
+class InterruptAtStep(OnceAtStep):
     """Press Ctrl-C (SIGINT to this process) after global step `step`."""
 
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGINT)
+    def act(self, trainer, pl_module):
+        os.kill(os.getpid(), signal.SIGINT)

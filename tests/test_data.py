@@ -1,14 +1,12 @@
 """Data modules and device batches: real torchvision readers, the cache, the split, batching, sharding."""
 
-import os
-
 import pytest
 import torch
 from conftest import class_images, write_mnist
 
 from datamodules import CIFAR10DataModule, DataSetupError, FashionMNISTDataModule, MNISTDataModule
 from datamodules.base import channel_stats
-from datamodules.device_batches import DeviceBatches, random_crop, random_flip
+from datamodules.device_batches import DeviceBatches, mix_seed, random_crop, random_flip
 
 
 def test_cifar10_reads_torchvision_pickles_in_nchw(cifar10_dir):
@@ -174,15 +172,66 @@ def test_random_flip_mirrors_about_half():
     assert torch.equal(out[out[:, 0, 0, 0] == 7], images.flip(3)[out[:, 0, 0, 0] == 7])
 
 
-def test_pl_global_seed_drives_the_order(mnist_dir, monkeypatch):
+def train_labels(dm) -> torch.Tensor:
+    """The labels of one training epoch, in order, through the chunks Lightning is handed."""
+    return torch.cat([y for chunk in dm.train_dataloader() for _, y in chunk])
+
+
+def test_the_seed_argument_drives_the_order(mnist_dir):
     def order(seed):
-        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
-        dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50)
+        dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, seed=seed)
         dm.setup("fit")
-        return torch.cat([y for _, y in dm.train_dataloader()])
+        return train_labels(dm)
 
     assert torch.equal(order(3), order(3)) and not torch.equal(order(3), order(4))
-    assert os.environ["PL_GLOBAL_SEED"] == "4"
+    # seeds up to 2^32 (and --seed_everything true picks one up to that) and beyond do not overflow
+    big = order(2**32 - 1)
+    assert len(big) == 500 and not torch.equal(big, order(2**32 - 2))
+
+
+def test_mix_seed_fits_a_generator_for_any_input():
+    seeds = {mix_seed(s, e, i, r) for s in (0, 20000, 2**32 - 1, 2**64 - 1)
+             for e in (0, 1) for i in (0, 7) for r in (0, 1)}
+    assert len(seeds) == 32 and all(0 <= s < 2**63 for s in seeds)
+    torch.Generator().manual_seed(max(seeds))  # accepted
+
+
+def test_chunks_hold_steps_per_call_batches_and_cover_the_epoch(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=4)
+    dm.setup("fit")
+    chunks = list(dm.train_dataloader())
+    assert [len(c) for c in chunks] == [4, 4, 2] and len(dm.train_dataloader()) == 3  # 10 batches an epoch
+    one = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=1)
+    one.setup("fit")
+    for a, b in zip([batch for chunk in chunks for batch in chunk], [c[0] for c in one.train_dataloader()]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # the same batches, whatever the chunking
+
+
+def test_steps_per_call_keeps_whole_accumulation_groups(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=3,
+                         accumulate_grad_batches=2)
+    dm.setup("fit")
+    assert dm.train_dataloader().steps_per_call == 4
+
+
+def test_a_resumed_epoch_starts_at_the_next_batch(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=2)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    loader.set_epoch(1)
+    everything = [batch for chunk in loader for batch in chunk]
+    loader = dm.train_dataloader()
+    loader.set_epoch(1)
+    it = iter(loader)
+    next(it), next(it)  # 4 batches trained, then the run stopped
+    state = dm.state_dict()
+    resumed = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=2)
+    resumed.setup("fit")
+    resumed.load_state_dict(state)
+    loader = resumed.train_dataloader()
+    loader.set_epoch(1)
+    rest = [batch for chunk in loader for batch in chunk]
+    assert len(rest) == 6 and all(torch.equal(a[0], b[0]) for a, b in zip(rest, everything[4:]))
 
 
 def test_classic_dataloader_path_gives_the_same_images(mnist_dir):
@@ -194,5 +243,32 @@ def test_classic_dataloader_path_gives_the_same_images(mnist_dir):
     a = torch.cat([x for x, _ in fast.test_dataloader()])
     b = torch.cat([x for x, _ in classic.test_dataloader()])
     assert torch.allclose(a, b, atol=1e-5)
-    x, y = next(iter(classic.train_dataloader()))
-    assert x.shape == (50, 1, 28, 28) and len(classic.train_dataloader()) == 10
+    (x, y), *_ = next(iter(classic.train_dataloader()))
+    assert x.shape == (50, 1, 28, 28) and classic.train_dataloader().num_steps == 10
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_classic_path_augments_each_sample_the_same_whatever_the_workers_and_resumes(mnist_dir, workers):
+    def module():
+        dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, on_device=False, num_workers=workers,
+                             crop_padding=2, flip=True, steps_per_call=3, seed=5)
+        dm.setup("fit")
+        return dm
+
+    reference = module()
+    reference.num_workers = 0
+    loader = reference.train_dataloader()
+    loader.set_epoch(2)
+    everything = [x for chunk in loader for x, _ in chunk]
+    dm = module()
+    loader = dm.train_dataloader()
+    loader.set_epoch(2)
+    first = next(iter(loader))
+    assert all(torch.equal(a, b) for (a, _), b in zip(first, everything))
+    state = dm.state_dict()
+    resumed = module()
+    resumed.load_state_dict(state)
+    loader = resumed.train_dataloader()
+    loader.set_epoch(2)
+    rest = [x for chunk in loader for x, _ in chunk]
+    assert len(rest) == 7 and all(torch.equal(a, b) for a, b in zip(rest, everything[3:]))

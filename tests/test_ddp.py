@@ -17,6 +17,7 @@ def test_two_process_ddp_on_cpu(mnist_dir, tmp_path):
     ranks = [json.loads((tmp_path / "weights" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["world_size"] == ranks[1]["world_size"] == 2
     assert ranks[0]["train_batches"] == ranks[1]["train_batches"] == 500 // 2 // 50  # each rank its half
+    assert ranks[0]["global_step"] == 2 * 5  # optimizer steps, in one call of 5 an epoch
     assert ranks[0]["weights"] == ranks[1]["weights"]  # gradients were all-reduced every step
     (run,) = run_dirs(tmp_path)  # one run directory, written by rank 0
     res = results(run)

@@ -24,7 +24,7 @@ def earlier(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(cwd)
         assert run_inprocess([*SMALL, "--data.data_dir", str(data)]) == 0
-    return SimpleNamespace(cwd=cwd, data=data, run=cwd / "lightning_logs" / "version_0")
+    return SimpleNamespace(cwd=cwd, data=data, run=cwd / "lightning_logs" / "mlp-mnist" / "version_0")
 
 
 @pytest.fixture
@@ -84,16 +84,20 @@ def test_bad_checkpoints(problem, in_earlier, tmp_path, capsys):
         args[-1], phrase = str(broken), "may be truncated"
     elif problem == "other-model":
         args[1], phrase = "cnn", "from another model (mlp"
+        args += ["--data", "mnist"]
     else:
-        args[-1], phrase = "last", "there is no"
+        args[-1], phrase = "last", "no run in"
         args += ["--trainer.logger.init_args.save_dir", str(tmp_path / "elsewhere")]
     fails(args, capsys, 1, phrase)
 
 
-def test_nan_loss_stops_naming_epoch_and_step_and_keeps_the_last_good_checkpoint(mnist_dir, in_tmp, capsys):
+@pytest.mark.parametrize("steps_per_call, poisoned", [(1, 13), (8, 18)])
+def test_nan_loss_stops_naming_epoch_and_step_and_keeps_the_last_good_checkpoint(steps_per_call, poisoned, mnist_dir,
+                                                                                 in_tmp, capsys):
+    # 10 steps an epoch; in chunks of 8 the first call to reach step 13 ends at step 18
     probe = json.dumps({"class_path": "probes.NanLossAtStep", "init_args": {"step": 13}})
-    fails([*SMALL, "--trainer.max_epochs=3", "--data.data_dir", str(mnist_dir), f"--trainer.callbacks+={probe}"],
-          capsys, 1, "NaN or infinite at epoch 1, step 13")
+    fails([*SMALL, "--trainer.max_epochs=3", "--data.data_dir", str(mnist_dir), f"--trainer.callbacks+={probe}",
+           f"--data.steps_per_call={steps_per_call}"], capsys, 1, f"NaN or infinite at epoch 1, step {poisoned};")
     (run,) = run_dirs(in_tmp)
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 10  # the end of epoch 0, not overwritten by broken weights
@@ -111,17 +115,17 @@ def test_an_earlier_runs_directory_is_never_reused(earlier, monkeypatch, capsys)
 
 
 def test_gpu_out_of_memory_suggests_what_to_change(monkeypatch, capsys):
-    import train
+    from cli import main as cli_main
 
     def out_of_memory(argv):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(train, "run", out_of_memory)
-    assert train.main(["--model", "cnn"]) == 1
+    monkeypatch.setattr(cli_main, "run", out_of_memory)
+    assert cli_main.main(["--model", "cnn"]) == 1
     err = capsys.readouterr().err
     assert "ran out of memory" in err and "--data.batch_size" in err and "--data.on_device false" in err
     with pytest.raises(torch.cuda.OutOfMemoryError):
-        train.main(["--model", "cnn", "--verbose"])  # the traceback, when asked for
+        cli_main.main(["--model", "cnn", "--verbose"])  # the traceback, when asked for
 
 
 def test_unknown_name_in_process_returns_2(in_tmp, capsys):

@@ -31,9 +31,10 @@ def unbroken(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step", [15, 20], ids=["mid-epoch", "epoch-end"])
-def test_sigterm_then_resume_ends_like_an_unbroken_run(step, unbroken, mnist_dir, tmp_path):
-    probe = json.dumps({"class_path": "probes.SigtermAtStep", "init_args": {"step": step}})
+@pytest.mark.parametrize("signal_at, step", [(15, 18), (20, 20)], ids=["mid-epoch", "epoch-end"])
+def test_sigterm_then_resume_ends_like_an_unbroken_run(signal_at, step, unbroken, mnist_dir, tmp_path):
+    # 10 steps an epoch in calls of 8 and 2: a signal during a call stops at its end, steps 18 and 20 here
+    probe = json.dumps({"class_path": "probes.SigtermAtStep", "init_args": {"step": signal_at}})
     stopped = run_subprocess([*ARGS, "--data.data_dir", str(mnist_dir), f"--trainer.callbacks+={probe}"],
                              cwd=tmp_path, env=PROBES)
     assert stopped.returncode == 143, stopped.stderr[-2000:]
@@ -61,21 +62,25 @@ def test_sigterm_then_resume_ends_like_an_unbroken_run(step, unbroken, mnist_dir
 
 
 @pytest.mark.slow
-def test_ctrl_c_writes_a_checkpoint_and_says_how_to_go_on(mnist_dir, tmp_path):
+def test_ctrl_c_stops_after_the_step_and_resumes_exactly(unbroken, mnist_dir, tmp_path):
     probe = json.dumps({"class_path": "probes.InterruptAtStep", "init_args": {"step": 13}})
     proc = run_subprocess([*ARGS, "--data.data_dir", str(mnist_dir), f"--trainer.callbacks+={probe}"],
                           cwd=tmp_path, env=PROBES)
     assert proc.returncode == 130
-    assert "stopped by Ctrl-C in epoch 1" in proc.stderr and "Traceback" not in proc.stderr
+    assert "stopped by Ctrl-C in epoch 1 at step 18" in proc.stderr and "Traceback" not in proc.stderr
     (run,) = run_dirs(tmp_path)
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 13
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 18
+    resumed = run_subprocess([*ARGS, "--data.data_dir", str(mnist_dir), "--ckpt_path", "last"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    theirs, ours = final_state(unbroken), final_state(run)
+    assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
 
 
-def test_resume_from_a_finished_run_only_tests_again(unbroken, tmp_path):
-    checkpoint = unbroken / "checkpoints" / "last.ckpt"
-    before = checkpoint.read_bytes()
-    data = unbroken.parent.parent / "data"
-    proc = run_subprocess([*ARGS, "--data.data_dir", str(data), "--ckpt_path", str(checkpoint)], cwd=tmp_path)
+def test_resuming_a_finished_run_changes_nothing_and_says_so(unbroken, tmp_path):
+    before = {p: p.read_bytes() for p in unbroken.rglob("*") if p.is_file()}
+    data = unbroken.parents[2] / "data"
+    proc = run_subprocess([*ARGS, "--data.data_dir", str(data), "--ckpt_path", str(unbroken)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert checkpoint.read_bytes() == before  # 3 of 3 epochs done: nothing trained, nothing rewritten
-    assert not (tmp_path / "lightning_logs").exists()  # it went on in the checkpoint's own run directory
+    assert "has already trained its 3 epochs" in proc.stderr and "train.py test --ckpt_path" in proc.stderr
+    assert {p: p.read_bytes() for p in unbroken.rglob("*") if p.is_file()} == before  # nothing rewritten
+    assert not (tmp_path / "lightning_logs").exists()  # nor a new run started

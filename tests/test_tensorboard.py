@@ -68,7 +68,7 @@ def test_hparams_tab_has_the_run_settings_and_real_metrics(run):
     hp = {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
     assert hp["model"] == "mlp" and hp["data"] == "fashion_mnist" and hp["optimizer"] == "AdamW"
     assert hp["lr"] == pytest.approx(0.015) and hp["batch_size"] == 50 and hp["max_epochs"] == 3
-    assert hp["precision"] == "32-true" and hp["schedule"] == "OneCycleLR"
+    assert hp["precision"] == "32-true" and hp["schedule"] == "OneCycle"
     assert "hp_metric" not in scalars(run.dir)  # no placeholder
 
 
