@@ -20,6 +20,19 @@ from datamodules.loader_batches import LoaderBatches, SeededImages, evaluation_l
 # make it 0.5% of the time. On a GPU a step of these networks takes tens of microseconds.
 DEFAULT_STEPS_PER_CALL = {"cpu": 8, "cuda": 64}
 
+# The splits this process has decoded or read from the cache, by cache file (and its identity on disk: a
+# rewritten file is read again) and source key. The tensors are never written to (every split is copied out
+# of them), so the trials of a sweep, which run one after another in one worker process, read a data set once.
+_DECODED: dict[tuple[Path, str, tuple | None], dict] = {}
+
+
+def file_identity(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and standard deviation of uint8 images (N, C, H, W), on the 0..1 scale.
@@ -185,8 +198,12 @@ class ImageDataModule(L.LightningDataModule):
             files = self.source_files(split)
         key = cache.source_key(files)
         path = self.cache_path(split)
+        memo = (path, key, file_identity(path))
+        if memo in _DECODED:  # this process read it already (a sweep runs many trials per process)
+            return _DECODED[memo]
         cached = cache.load(path, key)
         if cached is not None:
+            _DECODED[memo] = cached
             return cached
         try:
             images, labels = self.decode(split)
@@ -200,6 +217,7 @@ class ImageDataModule(L.LightningDataModule):
         mean, std = channel_stats(images)
         cached = {"key": key, "images": images.contiguous(), "labels": labels.long(), "mean": mean, "std": std}
         cache.save(path, cached)
+        _DECODED[path, key, file_identity(path)] = cached
         return cached
 
     # --- Lightning hooks ------------------------------------------------------------------------
