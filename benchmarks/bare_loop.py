@@ -1,34 +1,28 @@
 """The floor: a recipe trained by a bare PyTorch loop over the project's own device-resident batches.
 
-Same data module, batches, augmentation, network, optimizer and schedule as `train.py --config RECIPE`,
-but no Lightning: forward, loss, backward, step. What train.py adds on top of this is the framework's
-cost. Prints one JSON line with the per-epoch training times and test accuracies.
+Same data module, batches, augmentation, network, optimizer and schedule as `train.py --config RECIPE`
+(built from the recipe by the same jsonargparse instantiation LightningCLI uses), but no Lightning:
+forward, loss, backward, step. What train.py adds on top of this is the framework's cost. Prints one JSON
+line with the per-epoch training times and test accuracies.
 
     python benchmarks/bare_loop.py --config configs/mlp.yaml --data.data_dir DIR [--data fashion_mnist]
-        [--epochs N] [--device cpu|cuda]
+        [--epochs N] [--device cpu|cuda] [--seed 0]
 """
 
 import argparse
-import importlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 import yaml
+from lightning.pytorch.cli import instantiate_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lit_models.classifier import ImageClassifier, make_optimizer  # noqa: E402
-from train import DATA  # noqa: E402  (the short data names train.py takes)
-
-
-def load_class(path: str):
-    module, name = path.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
+from datamodules import ImageDataModule, registry  # noqa: E402
+from lit_models import ImageClassifier  # noqa: E402
 
 
 def main() -> None:
@@ -38,29 +32,29 @@ def main() -> None:
     parser.add_argument("--data.data_dir", dest="data_dir", required=True)
     parser.add_argument("--epochs", type=int, help="instead of the recipe's max_epochs")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="as train.py's --seed_everything")
     args = parser.parse_args()
 
     recipe = yaml.safe_load(Path(args.config).read_text())
     epochs = args.epochs or recipe["trainer"]["max_epochs"]
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    os.environ["PL_GLOBAL_SEED"] = str(args.seed)  # what DeviceBatches seeds its shuffling from
-
-    data_class = load_class(DATA[args.data] if args.data else recipe["data"]["class_path"])
-    data = data_class(data_dir=args.data_dir, **recipe["data"].get("init_args", {}))
+    data_class = registry.class_path(args.data) if args.data else recipe["data"]["class_path"]
+    data = instantiate_module(ImageDataModule, {"_class_path": data_class, **recipe["data"].get("init_args", {}),
+                                       "data_dir": args.data_dir, "seed": args.seed})
     data.prepare_data()
     data.setup("fit")
     data.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in data.splits.items()}
-    model = ImageClassifier(**recipe["model"]["init_args"], image_shape=data.image_shape,
-                            num_classes=data.num_classes).to(device)
-    train_batches, test_batches = data.train_dataloader(), data.test_dataloader()
-    opt = make_optimizer(model.parameters(), SimpleNamespace(**model.hparams), epochs * len(train_batches))
+    model = instantiate_module(ImageClassifier, {**recipe["model"]["init_args"], "image_shape": data.image_shape,
+                                                 "num_classes": data.num_classes}).to(device)
+    train_batches = data.train_dataloader().batches  # the batches, without the chunks Lightning is handed
+    test_batches = data.test_dataloader()
+    opt = model.make_optimizer(epochs * len(train_batches))
     optimizer, schedule = opt["optimizer"], opt.get("lr_scheduler", {}).get("scheduler")
     bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()  # as train.py's precision default
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
 
     def sync():
         if device.type == "cuda":

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from jsonargparse.typing import ClosedUnitInterval, PositiveInt
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -93,6 +94,7 @@ class ImageClassifier(L.LightningModule):
         # The confusion matrix gives test accuracy, per-class accuracy and the sample count at once.
         self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.lr_history: list[tuple[int, dict[str, float]]] = []  # (optimizer step, {name: lr}), for the logger
+        self._direct_steps = False  # see on_train_start
         self._reset_epoch()
 
     # --- using the model ---------------------------------------------------------------------------
@@ -132,36 +134,69 @@ class ImageClassifier(L.LightningModule):
         """
         trainer = self.trainer
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        accumulate = self.accumulate_grad_batches
+        accumulate, smoothing = self.accumulate_grad_batches, self.hparams.label_smoothing
         last_chunk = chunk_idx == trainer.num_training_batches - 1
+        max_steps, log_every = trainer.max_steps, trainer.log_every_n_steps
+        micro_batches = self._micro_batches  # a local: nn.Module attribute writes cost microseconds each
         for i, (x, y) in enumerate(chunk):
-            if 0 <= trainer.max_steps <= trainer.global_step:
+            step = trainer.global_step
+            if 0 <= max_steps <= step:
                 break
             logits = self(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+            loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
             self._losses.append(loss.detach())
             self._correct.append((logits.argmax(1) == y).sum())
-            self._loss_steps.append(trainer.global_step)
-            self._samples += len(y)
-            self._micro_batches += 1
+            self._loss_steps.append(step)
+            self._batch_sizes.append(len(y))
+            micro_batches += 1
             # Steps every `accumulate` batches and at the end of the epoch, as Lightning does.
-            steps = self._micro_batches % accumulate == 0 or (last_chunk and i == len(chunk) - 1)
+            steps = micro_batches % accumulate == 0 or (last_chunk and i == len(chunk) - 1)
             if accumulate == 1:
-                self.manual_backward(loss)
+                self._backward(loss)
             else:
                 with optimizer.toggle_model(sync_grad=steps):  # DDP all-reduces only on the stepping batch
-                    self.manual_backward(loss / accumulate)
+                    self._backward(loss / accumulate)
             if steps:
-                step = trainer.global_step
-                if step % trainer.log_every_n_steps == 0:
+                if step % log_every == 0:
                     self.lr_history.append((step, {f"lr-{type(optimizer.optimizer).__name__}":
                                                    optimizer.param_groups[0]["lr"]}))
-                optimizer.step()
+                self._optimizer_step(optimizer)
                 optimizer.zero_grad(set_to_none=True)
                 if scheduler is not None:
                     scheduler.step()
+        self._micro_batches = micro_batches
         if last_chunk or 0 <= trainer.max_steps <= trainer.global_step:
             self._finish_epoch()  # before validation, and so before any checkpoint of this epoch
+
+    # manual_backward and LightningOptimizer.step call Lightning's per-step hooks (on_before_backward,
+    # on_after_backward, on_before_optimizer_step) on every callback and on this module: ~0.1 ms a step on a
+    # CPU, more than a whole step of the tutorial networks on a GPU. When nothing listens to those hooks and
+    # no gradient scaler is involved, the step calls what they wrap directly: the strategy's backward
+    # preparation (DDP's all-reduce), the backward pass, the optimizer, and Lightning's count of optimizer
+    # steps (trainer.global_step).
+    def on_train_start(self):
+        hooks = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
+        listened = any(is_overridden(hook, callback, L.Callback) for callback in self.trainer.callbacks
+                       for hook in hooks) or any(is_overridden(hook, self, L.LightningModule) for hook in hooks)
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        self._direct_steps = not listened and not scaled
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if not self._direct_steps:
+            self.manual_backward(loss)
+            return
+        strategy = self.trainer.strategy
+        strategy.pre_backward(loss)
+        loss.backward()
+        strategy.post_backward(loss)
+
+    def _optimizer_step(self, optimizer) -> None:
+        if not self._direct_steps:
+            optimizer.step()
+            return
+        optimizer._on_before_step()  # what LightningOptimizer.step does around the step, for global_step
+        optimizer.optimizer.step()
+        optimizer._on_after_step()
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         # Lightning counts one logging step per call; with K optimizer steps a call, TensorBoard's x-axis
@@ -175,8 +210,8 @@ class ImageClassifier(L.LightningModule):
         self._finish_epoch()  # for an epoch cut short (max_steps, a stop): training_step did not
 
     def _reset_epoch(self):
-        self._losses, self._correct, self._loss_steps = [], [], []
-        self._samples = self._micro_batches = 0
+        self._losses, self._correct, self._loss_steps, self._batch_sizes = [], [], [], []
+        self._micro_batches = 0
         self._epoch_finished = False
 
     def _finish_epoch(self):
@@ -191,7 +226,7 @@ class ImageClassifier(L.LightningModule):
         bad = ~torch.isfinite(losses)
         first_bad = torch.where(bad.any(), bad.float().argmax(), -1)
         local = torch.stack([losses.sum(), torch.stack(self._correct).sum().to(losses.dtype),
-                             torch.tensor(float(self._samples), device=losses.device),
+                             torch.tensor(float(sum(self._batch_sizes)), device=losses.device),
                              torch.tensor(float(len(self._losses)), device=losses.device), first_bad.float()])
         gathered = self.trainer.strategy.all_gather(local).reshape(-1, 5).cpu()  # (ranks, 5)
         # Every rank runs the same steps, so a batch index names the same optimizer step on all of them.
