@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from cli import runs
 from cli.args import USAGE
+from cli.console import EpochProgress
 from datamodules import ImageDataModule
 from lit_models import ImageClassifier
 from lit_models.callbacks import LastCheckpoint, LearningRateCurve, TrainingSpeed
@@ -57,7 +58,7 @@ def trainer_defaults() -> dict:
         "max_epochs": 30,
         "benchmark": True,  # cudnn autotuning: input shapes never change
         "logger": {
-            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "class_path": "lit_models.dashboards.TensorBoardLogger",
             # name None: the run's series, `<model>-<data>` (see runs.py)
             "init_args": {"save_dir": "lightning_logs", "name": None, "default_hp_metric": False, "log_graph": True},
         },
@@ -82,8 +83,9 @@ class TrainCLI(LightningCLI):
     """
 
     def __init__(self, argv: list[str], stage: str = "fit", checkpoint: runs.Checkpoint | None = None,
-                 callbacks: tuple = ()):
+                 callbacks: tuple = (), parse_only: bool = False):
         self.stage, self.evaluated, self.extra_callbacks = stage, checkpoint, list(callbacks)
+        self.parse_only = parse_only
         self.run = None
         super().__init__(ImageClassifier, ImageDataModule, subclass_mode_model=True, subclass_mode_data=True,
                          trainer_defaults=trainer_defaults(), seed_everything_default=0, run=False,
@@ -135,6 +137,14 @@ class TrainCLI(LightningCLI):
         elif seed is not False and not 0 <= seed <= MAX_SEED:
             raise SeedError(f"--seed_everything {seed}: a seed is an integer from 0 to {MAX_SEED}, or true/false")
 
+    def _set_seed(self) -> None:
+        if not self.parse_only:  # parsing alone seeds nothing (and says nothing about it)
+            super()._set_seed()
+
+    def before_instantiate_classes(self) -> None:
+        if self.parse_only:
+            raise Parsed(self)
+
     def instantiate_trainer(self, **kwargs):
         try:  # a bad optimizer or schedule argument is a command-line error, found before anything is written
             self.model.make_optimizer(total_steps=100)
@@ -158,6 +168,8 @@ class TrainCLI(LightningCLI):
         # Without a validation set there is no best epoch: the last checkpoint is the one tested.
         extra = [checkpoint_callback] if data.has_validation and self.stage == "fit" else []
         extra += self.extra_callbacks
+        if config.get("enable_progress_bar", True) is not False:
+            extra.append(EpochProgress())
         run_dir, resumed = None, None
         if not config.get("fast_dev_run") and self.stage in ("fit", "test", "validate"):
             run_dir, resumed = self._run_directory(config, user)
@@ -212,6 +224,23 @@ class TrainCLI(LightningCLI):
         args = logger_init_args(self.config["trainer"].get("logger"))
         args.update(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name)
         return type(logger)(**args)
+
+
+class Parsed(Exception):
+    """Raised by a TrainCLI made with parse_only, once the command line is parsed and nothing is built."""
+
+    def __init__(self, cli: TrainCLI):
+        super().__init__("parsed")
+        self.cli = cli
+
+
+def parse(stage: str, argv: list[str]) -> tuple[LightningArgumentParser, Namespace]:
+    """Parse and check a command line (links and defaults applied) without building anything."""
+    try:
+        TrainCLI(argv, stage, parse_only=True)
+    except Parsed as done:
+        return done.cli.parser, done.cli.config
+    raise AssertionError("TrainCLI(parse_only=True) returned without parsing")
 
 
 class SeedError(ValueError):

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from cli import app, results, runs
+from cli import app, help, results, runs
 from cli.args import USAGE, UsageError, expand_short_names, option_value, split_stage, without_option
 from cli.console import quiet_warnings
 from datamodules import DataSetupError
@@ -43,6 +43,8 @@ def fit_and_test(argv: list[str], callbacks: tuple = ()) -> dict:
     with stop_on_sigterm("before training started"):
         model, data, trainer, run = app.build("fit", expand_short_names(argv), callbacks=callbacks)
     with discarded_on_failure(run):
+        if trainer.is_global_zero and run.dir is not None:
+            print(f"Run {run.dir} (tensorboard --logdir {run.dir.parent.parent})", flush=True)
         effective = data.effective_batch_size(trainer)
         if effective != data.batch_size and trainer.is_global_zero:
             print(f"{trainer.world_size} processes x {data.accumulate_grad_batches} accumulated x batch "
@@ -216,6 +218,16 @@ def release_process_group() -> None:
 def run(argv: list[str], callbacks: tuple = ()) -> dict:
     """Run one command line in this process and return its results (what sweeps call per trial)."""
     stage, argv = split_stage(argv)
+    if ("--help" in argv or "-h" in argv) and stage in ("fit", "test", "validate"):
+        rest = [a for a in argv if a not in ("--help", "-h", "all")]
+        if "all" in argv:  # LightningCLI's own help: every option, with its type
+            app.parse(stage, expand_short_names(rest) + ["--help"])
+        elif stage == "fit":
+            help.print_help(stage, expand_short_names(rest))
+        else:
+            help.print_help(stage, checkpoint_argv(stage, rest)[1] if option_value(rest, "--ckpt_path")
+                            else expand_short_names(rest))
+        return {}
     if stage == "fit":
         return fit_and_test(argv, callbacks)
     if stage in ("test", "validate"):
@@ -268,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(argv)
         release_process_group()
+    except SystemExit as e:  # jsonargparse after printing a help (--help all, --model.help, --data.help)
+        return e.code if isinstance(e.code, int) else 0
     except (UsageError, ArgumentError, app.SeedError, app.OptimizerError) as e:
         if verbose:
             raise

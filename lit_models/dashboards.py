@@ -1,17 +1,73 @@
-"""What TensorBoard shows beyond the scalars: the HParams tab, prediction grids, the confusion matrix."""
+"""What TensorBoard shows beyond the scalars: the HParams tab, a Custom Scalars layout, prediction grids, the
+confusion matrix; and the TensorBoard logger they are written with."""
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 from matplotlib.figure import Figure
-from torch.utils.tensorboard.summary import hparams
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-# The metrics runs are compared by in the HParams tab; they are logged as scalars under these tags.
-HPARAM_METRICS = ("val/acc_best", "val/acc", "test/acc", "test/loss")
+# The metrics runs are compared by in the HParams tab, first shown first; they are logged as scalars.
+HPARAM_METRICS = ("val/acc_best", "test/acc", "val/acc", "test/loss", "train/loss")
+# The hyperparameters the HParams tab shows as columns before it is told otherwise (it shows five): the ones
+# that tell runs apart most often. The others are a tick away.
+SHOWN_HPARAMS = ("model", "data", "optimizer", "lr", "max_epochs")
+# The Scalars tab's Custom Scalars page: train and val on one chart each, the first thing to look at.
+LAYOUT = {
+    "train and val": {
+        "loss": ["Multiline", ["train/loss", "val/loss"]],
+        "accuracy": ["Multiline", ["train/acc", "val/acc", "val/acc_best"]],
+    },
+    "schedule and speed": {
+        "learning rate": ["Multiline", [r"lr-.*"]],
+        "images per second": ["Multiline", ["train/images_per_second"]],
+    },
+}
 
 
-def tensorboard_logger(trainer) -> TensorBoardLogger | None:
-    return next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+class TensorBoardLogger(LightningTensorBoardLogger):
+    """Lightning's TensorBoardLogger without the `epoch` scalar it adds to every log call (the x-axis of every
+    chart is the optimizer step; the epoch is in each chart's hover, as the step of an epoch's last batch)."""
+
+    def log_metrics(self, metrics, step=None):
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+
+
+def tensorboard_logger(trainer) -> LightningTensorBoardLogger | None:
+    return next((lg for lg in trainer.loggers if isinstance(lg, LightningTensorBoardLogger)), None)
+
+
+def hparams_summaries(hparams: dict, metrics: tuple[str, ...], shown: tuple[str, ...]) -> list[Summary]:
+    """The HParams plugin's records of one run: the experiment (columns) and the session (this run's values).
+
+    Written by hand rather than with torch's `hparams()`, which records booleans as 1.0/0.0 (it tests for int
+    before bool). TensorBoard orders columns by their `differs` flag, then by name, and shows the first five:
+    `shown` get the flag, so that the columns that tell runs apart are the ones on screen.
+    """
+    start = plugin_data_pb2.SessionStartInfo()
+    infos = []
+    for name, value in hparams.items():
+        if isinstance(value, bool):
+            start.hparams[name].bool_value, kind = value, "DATA_TYPE_BOOL"
+        elif isinstance(value, (int, float)):
+            start.hparams[name].number_value, kind = value, "DATA_TYPE_FLOAT64"
+        else:
+            start.hparams[name].string_value, kind = str(value), "DATA_TYPE_STRING"
+        infos.append(api_pb2.HParamInfo(name=name, type=api_pb2.DataType.Value(kind), differs=name in shown))
+    experiment = api_pb2.Experiment(hparam_infos=infos,
+                                    metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m)) for m in metrics])
+    end = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value("STATUS_SUCCESS"))
+
+    def summary(tag, **content):
+        data = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, **content)
+        meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME,
+                                                                      content=data.SerializeToString()))
+        return Summary(value=[Summary.Value(tag=tag, metadata=meta)])
+
+    return [summary(metadata.EXPERIMENT_TAG, experiment=experiment),
+            summary(metadata.SESSION_START_INFO_TAG, session_start_info=start),
+            summary(metadata.SESSION_END_INFO_TAG, session_end_info=end)]
 
 
 def run_hparams(trainer, module, datamodule) -> dict:
@@ -87,6 +143,7 @@ class TensorBoardDashboards(L.Callback):
 
     - HParams: `run_hparams` with the metrics in HPARAM_METRICS (their real logged values, not
       Lightning's placeholder `hp_metric`), so that runs compare side by side.
+    - Custom Scalars: LAYOUT, train and validation loss and accuracy on one chart each.
     - `val/predictions` (Images): the first `max_images` validation images with true and predicted
       labels, every `every_n_epochs` epochs and after the last.
     - `test/confusion_matrix` (Images): after testing.
@@ -100,10 +157,12 @@ class TensorBoardDashboards(L.Callback):
         logger = tensorboard_logger(trainer)
         if logger is None or not trainer.is_global_zero:
             return
-        summaries = hparams(run_hparams(trainer, pl_module, trainer.datamodule), dict.fromkeys(HPARAM_METRICS, 0.0))
+        summaries = hparams_summaries(run_hparams(trainer, pl_module, trainer.datamodule), HPARAM_METRICS,
+                                      SHOWN_HPARAMS)
         writer = logger.experiment._get_file_writer()  # as Lightning's own log_hyperparams writes them
         for summary in summaries:
             writer.add_summary(summary)
+        logger.experiment.add_custom_scalars(LAYOUT)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         epoch = trainer.current_epoch

@@ -51,10 +51,15 @@ def test_scalars(run):
     assert "gpu/peak_memory_gb" not in tags  # a CPU run
 
 
-def test_per_class_accuracy_averages_to_the_accuracy_on_a_balanced_test_set(run):
+def test_per_class_accuracies_weighted_by_class_size_give_the_accuracy(run):
+    from conftest import class_images
+
+    _, labels = class_images(800, 1, 28, seed=1)  # the fixture's images: the last 200 are the test set
+    counts = [int((labels[600:] == k).sum()) for k in range(10)]
+    assert len(set(counts)) > 1  # an unbalanced test set, so that a plain mean of the classes would differ
     tags = scalars(run.dir)
     per_class = [tags[f"test/acc_class/{name}"][0] for name in CLASSES]
-    assert sum(per_class) / len(per_class) == pytest.approx(tags["test/acc"][0], abs=1e-6)  # 20 images a class
+    assert sum(a * n for a, n in zip(per_class, counts)) / 200 == pytest.approx(tags["test/acc"][0], abs=1e-6)
     assert "Accuracy for class: Ankle boot" in run.stdout
 
 
@@ -69,7 +74,25 @@ def test_hparams_tab_has_the_run_settings_and_real_metrics(run):
     assert hp["model"] == "mlp" and hp["data"] == "fashion_mnist" and hp["optimizer"] == "AdamW"
     assert hp["lr"] == pytest.approx(0.015) and hp["batch_size"] == 50 and hp["max_epochs"] == 3
     assert hp["precision"] == "32-true" and hp["schedule"] == "OneCycle"
+    assert start.hparams["flip"].WhichOneof("kind") == "bool_value" and hp["flip"] is False  # not 0.0
+    # TensorBoard shows the first five columns after sorting on `differs`: the ones that tell runs apart
+    shown = sorted(i.name for i in experiment.hparam_infos if i.differs)
+    assert shown == sorted(["model", "data", "optimizer", "lr", "max_epochs"])
+    assert [m.name.tag for m in experiment.metric_infos][:2] == ["val/acc_best", "test/acc"]
     assert "hp_metric" not in scalars(run.dir)  # no placeholder
+
+
+def test_custom_scalars_put_train_and_val_side_by_side_and_no_epoch_scalar(run):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    acc = accumulator(run.dir)
+    (content,) = [c for tag, c in acc.PluginTagToContent("custom_scalars").items()]
+    layout = layout_pb2.Layout.FromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+    assert charts["loss"] == ["train/loss", "val/loss"]
+    assert charts["accuracy"][:2] == ["train/acc", "val/acc"]
+    assert "epoch" not in scalars(run.dir)
+    assert run.dir.parent.name == "mlp-fashion_mnist"  # runs are named by model and data
 
 
 def test_prediction_grid_confusion_matrix_and_graph(run):
