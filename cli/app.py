@@ -6,7 +6,7 @@ module and a Trainer whose run directory is claimed. Nothing is trained here.
 """
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -73,6 +73,7 @@ class Run:
     dir: Path | None  # None for fast_dev_run, which writes nothing
     resumed: runs.Checkpoint | None
     config: Namespace
+    existing: set[Path] = field(default_factory=set)  # a resumed run's files before it started
 
 
 class TrainCLI(LightningCLI):
@@ -154,6 +155,8 @@ class TrainCLI(LightningCLI):
         user = self.config["trainer"]
         data = self.datamodule
         kwargs["accumulate_grad_batches"] = 1  # the model accumulates (linked above)
+        if not config.get("plugins"):
+            kwargs["plugins"] = [runs.NamedCheckpointIO()]
         if user.get("precision") is None:  # resolved here, not in the config: a replay on a GPU gets bf16
             # bf16 autocast where the GPU has bf16 units; on a CPU it is slower than float32.
             on_gpu = torch.cuda.is_available() and user.get("accelerator") in ("auto", "gpu", "cuda")
@@ -183,7 +186,7 @@ class TrainCLI(LightningCLI):
             extra.append(RunConfig(self.parser, self.config, run_dir, config_name))
         if self.stage in ("predict", "export"):
             kwargs["logger"] = False  # using a model makes no run of its own
-        self.run = Run(run_dir, resumed, self.config)
+        self.run = Run(run_dir, resumed, self.config, set(run_dir.rglob("*")) if resumed and run_dir else set())
         try:
             return self._instantiate_trainer({**config, **kwargs}, extra)
         except Exception:

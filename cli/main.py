@@ -6,7 +6,6 @@ import re
 import signal
 import sys
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from cli.console import quiet_warnings
 from datamodules import DataSetupError
 from lit_models.callbacks import LastCheckpoint, TrainingSpeed
 from lit_models.classifier import NonFiniteLossError
+from lit_models.networks import NetworkShapeError
 from lit_models.schedules import ScheduleMismatchError
 
 
@@ -42,7 +42,7 @@ def fit_and_test(argv: list[str], callbacks: tuple = ()) -> dict:
     """Fit, then test the best checkpoint (the last one without a validation set); write results.json."""
     with stop_on_sigterm("before training started"):
         model, data, trainer, run = app.build("fit", expand_short_names(argv), callbacks=callbacks)
-    with discarded_on_failure(run):
+    with discarded_on_failure(run, trainer):
         if trainer.is_global_zero and run.dir is not None:
             print(f"Run {run.dir} (tensorboard --logdir {run.dir.parent.parent})", flush=True)
         effective = data.effective_batch_size(trainer)
@@ -71,7 +71,7 @@ def evaluate(stage: str, argv: list[str], callbacks: tuple = ()) -> dict:
     checkpoint, argv = checkpoint_argv(stage, argv)
     with stop_on_sigterm("before testing started"):
         model, data, trainer, run = app.build(stage, argv, checkpoint=checkpoint, callbacks=callbacks)
-    with discarded_on_failure(run):
+    with discarded_on_failure(run, trainer):
         if stage == "validate" and not data.has_validation:
             raise DataSetupError(f"{checkpoint.path}'s run has no validation set (--data.val_size 0); "
                                  f"test it instead")
@@ -83,8 +83,8 @@ def evaluate(stage: str, argv: list[str], callbacks: tuple = ()) -> dict:
 
 
 @contextmanager
-def discarded_on_failure(run):
-    """A run that fails before it wrote a checkpoint or results leaves no directory behind (runs.discard_if_unused);
+def discarded_on_failure(run, trainer):
+    """A run that fails before it wrote a checkpoint or results leaves nothing behind (runs.discard_if_unused);
     one stopped by a signal keeps its directory, which says where it stopped."""
     try:
         yield
@@ -92,7 +92,8 @@ def discarded_on_failure(run):
         raise
     except BaseException:
         if rank_zero_only.rank == 0:
-            runs.discard_if_unused(run)
+            speed = next((cb for cb in trainer.callbacks if isinstance(cb, TrainingSpeed)), None)
+            runs.discard_if_unused(run, trained=bool(speed and speed.calls))
         raise
 
 
@@ -169,6 +170,9 @@ def stopped_as(trainer, where: str, how_to_go_on: str, saved: bool = False):
         what = where.format(epoch=trainer.current_epoch, step=trainer.global_step)
         if saved:
             path = next((cb.interrupted_path for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), None)
+            if path is None and not Path(trainer.default_root_dir, "checkpoints", "last.ckpt").is_file():
+                raise Stopped(f"stopped by {name} {what}, before the first checkpoint: nothing to resume; run the "
+                              f"same command again to start over", code) from None
             what += f"; saved {path}" if path else "; its last epoch will run again"
         raise Stopped(f"stopped by {name} {what}. {how_to_go_on}", code) from None
 
@@ -282,12 +286,6 @@ def main(argv: list[str] | None = None) -> int:
         release_process_group()
     except SystemExit as e:  # jsonargparse after printing a help (--help all, --model.help, --data.help)
         return e.code if isinstance(e.code, int) else 0
-    except (UsageError, ArgumentError, app.SeedError, app.OptimizerError) as e:
-        if verbose:
-            raise
-        message = argument_error(e) if isinstance(e, ArgumentError) else str(e)
-        print(f"usage: {USAGE}\ntrain.py: error: {message}", file=sys.stderr)
-        return 2
     except Stopped as e:
         if e.exit_code == 143:  # Lightning agrees on a SIGTERM stop across ranks; Ctrl-C can land mid-collective
             release_process_group()
@@ -300,16 +298,42 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("train.py: stopped by Ctrl-C; nothing was trained", file=sys.stderr)
         return 130
-    except (*USER_ERRORS, MisconfigurationException, torch.cuda.OutOfMemoryError) as e:
-        if verbose:
+    except Exception as e:
+        cause = user_error(e)
+        if verbose or cause is None:  # anything else is a bug: its traceback is the useful report
             raise
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, torch.cuda.OutOfMemoryError):
-            message = (f"the GPU ran out of memory ({message}). Try a smaller --data.batch_size, or "
-                       f"--data.on_device false to keep the data set in host memory.")
-        print(f"train.py: error: {message}", file=sys.stderr)
-        return 1
+        code, message = cause
+        print(f"usage: {USAGE}\ntrain.py: error: {message}" if code == 2 else f"train.py: error: {message}",
+              file=sys.stderr)
+        return code
     return 0
 
 
-warnings.filterwarnings("ignore", "LightningCLI's args parameter is intended")
+# Errors in the command line: exit code 2, with the usage line.
+USAGE_ERRORS = (UsageError, app.SeedError, app.OptimizerError, NetworkShapeError, MisconfigurationException)
+
+
+def user_error(error: BaseException) -> tuple[int, str] | None:
+    """(exit code, one line) for an error a user can fix, also when it arrives wrapped in another (jsonargparse
+    wraps what a class raises while it is built); None for anything else, which is a bug to show in full."""
+    chain = []
+    while error is not None and len(chain) < 50:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for e in reversed(chain):  # the innermost is the one that says what happened
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            return 1, (f"the GPU ran out of memory ({first_line(e)}). Try a smaller --data.batch_size, or "
+                       f"--data.on_device false to keep the data set in host memory.")
+        if isinstance(e, USER_ERRORS):
+            return 1, first_line(e)
+        if isinstance(e, USAGE_ERRORS):
+            return 2, first_line(e)
+    if isinstance(chain[0], ArgumentError):
+        return 2, argument_error(chain[0])
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+

@@ -23,7 +23,8 @@ def run_results(stage: str, trainer, model, data, run, metrics: dict, fit_second
         "val/acc": metrics.get("val/acc"),
         "val/loss": metrics.get("val/loss"),
         "val/acc_best": finite_or_none(float(model.val_acc_best)),
-        "test/acc_per_class": getattr(model, "test_per_class_acc", None),
+        "test/acc_per_class": {name: finite_or_none(acc) for name, acc in
+                               getattr(model, "test_per_class_acc", {}).items()} or None,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "fit_seconds": round(fit_seconds, 2) if fit_seconds is not None else None,

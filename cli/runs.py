@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 
 class CheckpointError(Exception):
@@ -149,17 +150,28 @@ def slurm_run_dir(root: Path) -> Path | None:
     return root / f"slurm_{job}" if job else None
 
 
-def discard_if_unused(run) -> None:
-    """Remove a run directory this command claimed if the run failed before it wrote a checkpoint or results:
-    an empty or config-only directory is no run. A resumed run's directory is never touched."""
+def discard_if_unused(run, trained: bool = False) -> None:
+    """Undo what a run that failed early wrote: a new run's directory if it holds no checkpoint or results (an
+    empty or config-only directory is no run), with the folders above it if they are left empty; for a resumed
+    run that trained nothing, the files it added to its directory (a config, an events file)."""
     run_dir = getattr(run, "dir", None)
-    if run_dir is None or run.resumed is not None or not run_dir.is_dir():
+    if run_dir is None or not run_dir.is_dir():
+        return
+    if run.resumed is not None:
+        if not trained:
+            for path in set(run_dir.rglob("*")) - run.existing:
+                if path.is_file():
+                    path.unlink()
         return
     if (run_dir / "checkpoints").exists() or (run_dir / "results.json").exists():
         return
     for path in sorted(run_dir.rglob("*"), reverse=True):  # only files this run wrote: config, events
         path.rmdir() if path.is_dir() else path.unlink()
-    run_dir.rmdir()
+    for folder in (run_dir, run_dir.parent, run_dir.parent.parent):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: other runs are in it
+            break
 
 
 def free_name(folder: Path, pattern: str) -> str:
@@ -196,3 +208,21 @@ def check_compatible(checkpoint: Checkpoint, model: torch.nn.Module, data_name: 
         raise CheckpointError(
             f"checkpoint {checkpoint.path} was trained on other classes ({theirs_names}, ...) than this run's "
             f"{data_name} ({', '.join(model.class_names[:4])}, ...); resume it with the data set it was trained on")
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, say)."""
+
+
+class NamedCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, with a failed write (a full or read-only disk) reported in one line that
+    names the file. Lightning already writes through a temporary file that it discards on failure, so the
+    file under the checkpoint's name, if there is one, is still the previous whole checkpoint."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        try:
+            super().save_checkpoint(checkpoint, path, storage_options)
+        except OSError as e:
+            raise CheckpointWriteError(f"could not write the checkpoint {path} ({e.strerror or e}); the checkpoints "
+                                       f"written before it are whole. Free some space and resume with "
+                                       f"--ckpt_path last") from None

@@ -21,6 +21,7 @@ class TrainingSpeed(L.Callback):
     def __init__(self):
         self.epoch_seconds: list[float] = []  # the training part of each epoch of this fit
         self.train_images = 0
+        self.calls = 0  # training steps (calls of several optimizer steps) this process ran
         self._start = None
         self._images = 0
         self._epoch_metrics = {}
@@ -36,6 +37,7 @@ class TrainingSpeed(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._images += sum(len(y) for _, y in batch)  # a chunk of (images, labels); shapes, not values: no sync
+        self.calls += 1
 
     def _stop(self, trainer) -> None:
         if self._start is None:

@@ -10,6 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class NetworkShapeError(ValueError):
+    """The network cannot be built for the data's image shape."""
+
+
 class TutorialCNN(nn.Module):
     """The CIFAR-10 tutorial's LeNet-style CNN (`--model.arch cnn`)."""
 
@@ -22,7 +26,8 @@ class TutorialCNN(nn.Module):
         # Spatial size after conv5-pool2-conv5-pool2: 32 -> 28 -> 14 -> 10 -> 5 on CIFAR-10.
         h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
         if h < 1 or w < 1:
-            raise ValueError(f"TutorialCNN needs images of at least 16x16 pixels, got {height}x{width}")
+            raise NetworkShapeError(f"the tutorial CNN needs images of at least 16x16 pixels, these are {height}x{width}; "
+                                    f"use --data.image_size 16 (or more) for an image folder, or --model mlp")
         self.fc1 = nn.Linear(16 * h * w, 120)
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)

@@ -16,8 +16,15 @@ QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=
 
 def run_inprocess(args: list[str], monkeypatch=None) -> int:
     """`python train.py ARGS` in this process (so fixtures' monkeypatches apply); returns the exit code."""
+    import logging
+
     import train
 
+    # Lightning's log handlers keep the stderr of the test that imported it first, closed since: this one's
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.stream = sys.stderr  # not setStream: it flushes the old one
     argv_before = sys.argv
     sys.argv = ["train.py"]  # LightningCLI warns when both sys.argv and args carry arguments
     try:
@@ -33,6 +40,39 @@ def run_subprocess(args: list[str], cwd: Path, env: dict | None = None, timeout:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, TRAIN, *args, *QUIET], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_in_terminal(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 240) -> tuple[int, str]:
+    """`python train.py ARGS` with a terminal (a pseudo-terminal, 150 columns) as its stdout and stderr, as a user
+    at a shell runs it: progress bars and all. Returns the exit code and what the terminal received."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: becomes train.py
+        os.chdir(cwd)
+        os.environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
+        os.execv(sys.executable, [sys.executable, TRAIN, *args])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
+    output, deadline = b"", time.time() + timeout
+    while time.time() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            output += data
+    else:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
 
 def run_dirs(cwd: Path) -> list[Path]:

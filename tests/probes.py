@@ -59,3 +59,44 @@ class InterruptAtStep(OnceAtStep):
 
     def act(self, trainer, pl_module):
         os.kill(os.getpid(), signal.SIGINT)
+
+
+class DiskFullAfterEpoch(L.Callback):
+    """From the end of epoch `epoch` on, every file written through fsspec (Lightning's checkpoints) fails half-way
+    with ENOSPC, as on a full disk: half of the bytes land, then the write raises."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch != self.epoch:
+            return
+        import errno
+
+        from fsspec.implementations.local import LocalFileOpener
+
+        def full(opener, data):
+            opener.f.write(bytes(data)[: len(data) // 2])
+            opener.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        LocalFileOpener.write = full
+
+
+class SigtermDuringFirstValidation(L.Callback):
+    """Send this process SIGTERM at the first validation batch after training started."""
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking and batch_idx == 0 and trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalDuringTest(L.Callback):
+    """Send this process `signal_name` (SIGTERM or SIGINT) after the first test batch."""
+
+    def __init__(self, signal_name: str):
+        self.signal = getattr(signal, signal_name)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == 0:
+            os.kill(os.getpid(), self.signal)
