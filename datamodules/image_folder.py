@@ -22,26 +22,90 @@ from datamodules.base import DataSetupError, ImageDataModule
 CHUNK = 1000
 
 
-def open_image(path: Path, mode: str) -> Image.Image:
-    """The image file at `path` decoded in PIL `mode` ("L" or "RGB"); a DataSetupError naming it if broken."""
+# PIL modes with an alpha channel; "P", "L" and "RGB" images may also have a transparent colour.
+ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+
+
+def integer_depth(image: Image.Image) -> tuple[int, bool]:
+    """How many bits the values of an integer image ("I", "I;16...") have, and whether they are signed."""
+    tags = getattr(image, "tag_v2", None)  # a TIFF says (a 12-bit camera image is stored as "I;16")
+    if tags is not None and 258 in tags:  # BitsPerSample, SampleFormat (2: signed), one per channel
+        bits, sample_format = (v[0] if isinstance(v, tuple) else v for v in (tags[258], tags.get(339, 1)))
+        return int(bits), sample_format == 2
+    if image.mode.startswith("I;16"):
+        return 16, image.mode.endswith("S")
+    # The other formats PIL opens as "I" hold 16-bit values: PNG (older Pillows open 16-bit grey as "I",
+    # newer as "I;16"), and PGM/PPM, whose values Pillow scales from the file's maxval to 0..65535.
+    return 16, False
+
+
+def to_8bit(image: Image.Image) -> tuple[Image.Image, str]:
+    """A high-bit-depth image ("I;16...", "I", "F") as an "L" image, and a note if values were clipped.
+
+    PIL's own convert("L") clips these to 0..255: a 16-bit PNG came out 99.6% white. Integers are scaled
+    by their bit depth, keeping the high 8 bits (65535 -> 255), as torchvision's ToDtype(torch.uint8,
+    scale=True) does, and as PIL itself reads a 16-bit RGB PNG (so its grey twin decodes alike); negative
+    values are clipped to 0. Floats are on the 0..1 scale, as torchvision's ToTensor leaves them and
+    ToDtype reads them (x 255.999, truncated: 256 equal bins); outside 0..1 they are clipped. Not min-max
+    per image: that would make a dark and a bright picture of one thing alike, and blow up the noise of a
+    blank one. The note lets the caller warn about values that do not fit the convention.
+    """
+    values = np.asarray(image)
+    if image.mode == "F":
+        finite = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+        low, high = float(np.nanmin(values)), float(np.nanmax(values))
+        clipped = not (0 <= low and high <= 1) or np.isnan(values).any()
+        out = (np.clip(finite, 0, 1) * (256 - 1e-3)).astype(np.uint8)
+        return Image.fromarray(out, "L"), f"float values {low:g}..{high:g}" if clipped else ""
+    bits, signed = integer_depth(image)
+    values = values.astype(np.int64)
+    if bits == 32 and not signed:
+        values &= 0xFFFFFFFF  # PIL holds unsigned 32-bit values in int32: undo the wrap-around
+    top = 2 ** (bits - signed) - 1
+    low, high = int(values.min()), int(values.max())
+    shift = bits - signed - 8
+    scaled = np.clip(values, 0, top)
+    out = (scaled >> shift if shift >= 0 else scaled << -shift).astype(np.uint8)
+    clipped = low < 0 or high > top
+    return Image.fromarray(out, "L"), f"{bits}-bit values {low}..{high}" if clipped else ""
+
+
+def open_image(path: Path, mode: str) -> tuple[Image.Image, str]:
+    """The image file at `path` decoded in PIL `mode` ("L" or "RGB"), and a note if values were clipped.
+
+    Whatever PIL opens it as: high bit depths are scaled (`to_8bit`), and transparent pixels are shown
+    over white, as a viewer shows them (dropping the alpha channel, as convert() does, shows whatever
+    colour they hide: often black, so a black glyph on a transparent background vanished). A
+    DataSetupError naming the file if it is broken.
+    """
     try:
         with Image.open(path) as image:
-            return image.convert(mode)  # reads the whole file: this is where a truncated one fails
+            image.load()  # reads the whole file: this is where a truncated one fails
+            note = ""
+            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+                image, note = to_8bit(image)
+            elif image.mode in ALPHA_MODES or "transparency" in image.info:
+                rgba = image.convert("RGBA")
+                image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
+            return image.convert(mode), note
     except Exception as e:  # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
         raise DataSetupError(f"cannot read the image {path} ({type(e).__name__}: {e}); "
                              f"replace or remove it") from None
 
 
-def read_images(paths: list[Path], mode: str, size: tuple[int, int], resize: bool) -> np.ndarray:
-    """Decode image files into one uint8 array (n, H, W, C).
+def read_images(paths: list[Path], mode: str, size: tuple[int, int], resize: bool) -> tuple[np.ndarray, list[str]]:
+    """Decode image files into one uint8 array (n, H, W, C), and notes "PATH (what was clipped)".
 
     `size` is (width, height), as PIL has it. With `resize`, each image is scaled so that it covers
     `size` and centre-cropped to it (torchvision's Resize + CenterCrop); without, every image must
     already have that size. A module-level function, so that worker processes can run it.
     """
     out = np.empty((len(paths), size[1], size[0], len(mode)), dtype=np.uint8)
+    notes = []
     for i, path in enumerate(paths):
-        image = open_image(path, mode)
+        image, note = open_image(path, mode)
+        if note:
+            notes.append(f"{path} ({note})")
         if resize and image.size != size:
             image = ImageOps.fit(image, size, Image.Resampling.BILINEAR)
         if image.size != size:
@@ -49,7 +113,7 @@ def read_images(paths: list[Path], mode: str, size: tuple[int, int], resize: boo
                                  f"{size[0]}x{size[1]} of the first training image; pass --data.image_size N "
                                  f"to resize every image to NxN")
         out[i] = np.asarray(image).reshape(out.shape[1:])
-    return out
+    return out, notes
 
 
 def all_grey(images: np.ndarray, chunk: int = 4096) -> bool:
@@ -66,7 +130,8 @@ class ImageFolderDataModule(ImageDataModule):
     of DIR/train, as in `torchvision.datasets.ImageFolder` (hidden folders are skipped); test and val must
     have the same folders.
     Files that are not images (by extension: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) are
-    ignored with a warning.
+    ignored with a warning. 16-bit and 32-bit images are scaled by their bit depth, float ones from 0..1
+    (values outside are clipped, with a warning); transparent pixels are shown over white.
 
     The images are decoded once, by all CPU cores, into the uint8 cache in `data_dir/cache/` (not in
     DIR, which may be read-only); it is rebuilt when a file in DIR is added, removed or changed.
@@ -181,7 +246,7 @@ class ImageFolderDataModule(ImageDataModule):
         if split == "train":
             # RGB unless told otherwise; reduced to one channel below if every image turns out grey.
             mode = "L" if self.channels == 1 else "RGB"
-            size = (self.image_size,) * 2 if self.image_size else open_image(files[0], mode).size
+            size = (self.image_size,) * 2 if self.image_size else open_image(files[0], mode)[0].size
         else:
             channels, height, width = self.image_shape  # the other splits follow the training images
             mode, size = ("L" if channels == 1 else "RGB"), (width, height)
@@ -194,9 +259,15 @@ class ImageFolderDataModule(ImageDataModule):
         # 2 cores: 2 threads were slower than 1, 2 processes 1.8x faster).
         if workers > 1:
             with ProcessPoolExecutor(workers) as pool:
-                images = np.concatenate(list(pool.map(read, chunks)))
+                parts = list(pool.map(read, chunks))
         else:
-            images = read(files)
+            parts = [read(files)]
+        images = np.concatenate([part for part, _ in parts])
+        clipped = [note for _, notes in parts for note in notes]
+        if clipped:
+            warnings.warn(f"{len(clipped)} images in {self.root / split} have values outside their format's "
+                          f"range, clipped: {clipped[0]}. Integers are read by their bit depth, floats as "
+                          f"0..1")
         if split == "train" and self.channels is None and all_grey(images):
             images = images[..., :1]
         return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.tensor(labels)

@@ -2,6 +2,8 @@
 
 import os
 import re
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -243,3 +245,186 @@ def test_bad_folders_fail_with_a_clear_message_and_delete_nothing(damage, png_di
     assert err.startswith("train.py: error: ") and "Traceback" not in err
     assert re.search(message, err), err
     assert snapshot(png_dir) == before
+
+
+# --- every kind of image file becomes sane 8-bit pixels ---------------------------------------------
+
+RNG = np.random.default_rng(7)
+WORDS = RNG.integers(0, 65536, (8, 8), dtype=np.uint16)  # 16-bit values over the whole range
+
+
+def png_16bit_rgb(path, words: np.ndarray):
+    """A 16-bit RGB PNG, which PIL cannot write: IHDR with bit depth 16, colour type 2."""
+    height, width, _ = words.shape
+    rows = b"".join(b"\0" + words[y].astype(">u2").tobytes() for y in range(height))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+                     + chunk(b"IEND", b""))
+
+
+def pgm(path, values: np.ndarray, maxval: int):
+    path.write_bytes(f"P5\n{values.shape[1]} {values.shape[0]}\n{maxval}\n".encode() + values.astype(">u2").tobytes())
+
+
+def grey_16bit_png(path):
+    Image.fromarray(WORDS).save(path := path.with_suffix(".png"))
+    return path, "L", WORDS >> 8
+
+
+def grey_16bit_tiff(path):
+    Image.fromarray(WORDS).save(path := path.with_suffix(".tif"))
+    return path, "L", WORDS >> 8
+
+
+def grey_16bit_pgm(path):  # PIL opens it as "I"
+    pgm(path := path.with_suffix(".pgm"), WORDS, 65535)
+    return path, "L", WORDS >> 8
+
+
+def grey_10bit_pgm(path):  # PIL scales maxval 1023 to 65535; 1023 must still be white
+    values = WORDS >> 6
+    pgm(path := path.with_suffix(".pgm"), values, 1023)
+    return path, "L", np.round(values / 1023 * 255)
+
+
+def int32_tiff(path):
+    values = RNG.integers(0, 2**31, (8, 8), dtype=np.int32)
+    Image.fromarray(values).save(path := path.with_suffix(".tiff"))
+    return path, "L", values >> 23  # torchvision's ToDtype(uint8, scale=True) of int32
+
+
+def float_tiff(path):
+    values = RNG.random((8, 8), dtype=np.float32)
+    values[0, :3] = 0, 1, 0.5
+    Image.fromarray(values).save(path := path.with_suffix(".tif"))
+    return path, "L", np.floor(values * 255.999)
+
+
+def rgb_16bit_png(path):
+    words = np.stack([WORDS, WORDS[::-1], 65535 - WORDS], axis=-1)
+    png_16bit_rgb(path := path.with_suffix(".png"), words)
+    return path, "RGB", words >> 8
+
+
+def grey_alpha_png(path):  # shown over white: v * a + 255 * (1 - a)
+    grey, alpha = (WORDS >> 8).astype(np.uint8), RNG.integers(0, 256, (8, 8), dtype=np.uint8)
+    Image.fromarray(np.stack([grey, alpha], -1), "LA").save(path := path.with_suffix(".png"))
+    return path, "L", grey * (alpha / 255) + 255 * (1 - alpha / 255)
+
+
+def black_glyph_on_transparent_png(path):  # dropping alpha would make it all black
+    rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+    rgba[2:6, 2:6, 3] = 255
+    Image.fromarray(rgba, "RGBA").save(path := path.with_suffix(".png"))
+    expected = np.full((8, 8, 3), 255)
+    expected[2:6, 2:6] = 0
+    return path, "RGB", expected
+
+
+def palette_with_transparency_png(path):
+    indices = np.tile(np.arange(4, dtype=np.uint8), (8, 2))
+    image = Image.fromarray(indices, "P")
+    colours = [(0, 0, 0), (200, 10, 10), (10, 200, 10), (10, 10, 200)]
+    image.putpalette([c for colour in colours for c in colour])
+    image.save(path := path.with_suffix(".png"), transparency=0)  # index 0 (black) is transparent
+    return path, "RGB", np.array([(255, 255, 255), *colours[1:]])[indices]
+
+
+def grey_with_transparent_level_png(path):
+    grey = (WORDS >> 8).astype(np.uint8)
+    grey[0, 0] = 0
+    Image.fromarray(grey).save(path := path.with_suffix(".png"), transparency=0)
+    return path, "L", np.where(grey == 0, 255, grey)
+
+
+def cmyk_jpeg(path):
+    Image.new("CMYK", (8, 8), (0, 255, 0, 0)).save(path := path.with_suffix(".jpg"), quality=100)
+    return path, "RGB", np.broadcast_to(np.array([255, 0, 255]), (8, 8, 3))  # magenta
+
+
+def bilevel_png(path):
+    board = (np.indices((8, 8)).sum(0) % 2).astype(bool)
+    Image.fromarray(board).save(path := path.with_suffix(".png"))
+    return path, "L", board * 255
+
+
+@pytest.mark.parametrize("write", [grey_16bit_png, grey_16bit_tiff, grey_16bit_pgm, grey_10bit_pgm, int32_tiff,
+                                   float_tiff, rgb_16bit_png, grey_alpha_png, black_glyph_on_transparent_png,
+                                   palette_with_transparency_png, grey_with_transparent_level_png, cmyk_jpeg,
+                                   bilevel_png])
+def test_every_kind_of_image_file_decodes_to_its_8bit_pixels(write, tmp_path):
+    path, mode, expected = write(tmp_path / "image")
+    image, note = image_folder.open_image(path, mode)
+    assert image.mode == mode and note == ""
+    pixels = np.asarray(image).astype(int)
+    # exact, but for rounding in the compositing and scaling PIL does, and in JPEG's colour conversion
+    tolerance = 2 if path.suffix == ".jpg" else 1 if write in (grey_alpha_png, grey_10bit_pgm) else 0
+    assert np.abs(pixels - expected).max() <= tolerance
+    if mode == "L":  # the same pixels in the three channels when RGB is asked for
+        assert np.array_equal(np.asarray(image_folder.open_image(path, "RGB")[0]), np.stack([pixels] * 3, -1))
+
+
+def test_high_bit_depth_modes_scale_and_say_what_was_clipped():
+    # PIL opens files in these modes too; the TIFF-less ones are 16 bits (PGM, PNG before Pillow 10.4)
+    for image in (Image.fromarray(WORDS), Image.fromarray(WORDS.astype(">u2")), Image.fromarray(WORDS).convert("I")):
+        assert image.mode in ("I;16", "I;16B", "I")
+        grey, note = image_folder.to_8bit(image)
+        assert np.array_equal(np.asarray(grey), WORDS >> 8) and note == ""
+    floats = np.array([[-0.5, 0.0, 0.25, 1.0, 3.0, np.nan]], dtype=np.float32)
+    grey, note = image_folder.to_8bit(Image.fromarray(floats))
+    assert np.asarray(grey).tolist() == [[0, 0, 63, 255, 255, 0]] and note.startswith("float values -0.5..3")
+    negative = np.array([[-70000, 0, 65535]], dtype=np.int32)
+    grey, note = image_folder.to_8bit(Image.fromarray(negative))
+    assert np.asarray(grey).tolist() == [[0, 0, 255]] and note == "16-bit values -70000..65535"
+
+
+def test_sixteen_bit_and_float_files_keep_their_pixels_through_the_module(tmp_path):
+    # The learnable images, each split written in turn in every format that holds grey: the module must
+    # read back the 8-bit originals (v * 257 >> 8 == v, v / 255 * 255.999 -> v, v << 23 >> 23 == v).
+    writers = {
+        ".png": lambda p, v: Image.fromarray(v).save(p),
+        "16.png": lambda p, v: Image.fromarray(v.astype(np.uint16) * 257).save(p),
+        "16.tif": lambda p, v: Image.fromarray(v.astype(np.uint16) * 257).save(p),
+        "32.tif": lambda p, v: Image.fromarray(v.astype(np.int32) << 23).save(p),
+        "f.tif": lambda p, v: Image.fromarray(v.astype(np.float32) / 255).save(p),
+        "16.pgm": lambda p, v: pgm(p, v.astype(np.uint16) * 257, 65535),
+    }
+    root, originals = tmp_path / "grey", {}
+    for i, (split, n) in enumerate({"train": 60, "test": 30}.items()):
+        images, labels = class_images(n, 1, 16, num_classes=len(CLASSES), seed=i)
+        for j, (image, label) in enumerate(zip(images[..., 0], labels)):
+            suffix = list(writers)[j % len(writers)]
+            path = root / split / CLASSES[label] / f"{j:04d}{suffix}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            writers[suffix](path, image)
+            originals[path] = image
+    dm = module(root, tmp_path, val_size=6)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.image_shape == (1, 16, 16)  # still found to be grey
+    expected = np.stack([originals[path] for path in dm.source_files("test")])
+    assert torch.equal(dm.splits["test"][0][:, 0], torch.from_numpy(expected))
+    # values a float file cannot mean are clipped, with a warning that names one
+    Image.fromarray(np.full((16, 16), 3.5, dtype=np.float32)).save(root / "test" / "ant" / "bright.tif")
+    with pytest.warns(UserWarning, match=r"1 images in .*test have values outside .*bright.tif \(float values 3.5"):
+        module(root, tmp_path, val_size=6).load_split("test")
+
+
+def test_sixteen_bit_rgb_files_read_as_their_8bit_twins(png_dir, tmp_path):
+    twins = []
+    for path in sorted((png_dir / "test" / "cat").iterdir())[:4]:
+        pixels = np.asarray(Image.open(path).convert("RGB"))
+        path.unlink()
+        low_bytes = RNG.integers(0, 256, pixels.shape)  # must not matter
+        png_16bit_rgb(path, pixels.astype(np.uint16) * 256 + low_bytes)
+        twins.append(pixels.copy())
+    dm = ready(png_dir, tmp_path)
+    read = dict(zip(dm.source_files("test"), dm.splits["test"][0]))
+    paths = sorted((png_dir / "test" / "cat").iterdir())[:4]
+    for path, pixels in zip(paths, twins):
+        assert torch.equal(read[path], torch.from_numpy(pixels).permute(2, 0, 1))
+
