@@ -2,8 +2,10 @@
 
 import hashlib
 import os
+import stat
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -122,6 +124,76 @@ def all_grey(images: np.ndarray, chunk: int = 4096) -> bool:
     return all((part[..., :1] == part).all() for part in parts)
 
 
+# --- listing the files -----------------------------------------------------------------------------
+
+@dataclass
+class SplitFiles:
+    """What listing one split found: per class, its image files as (folder, name); links not read again
+    (the link, or the path where a loop was found); files that are not images."""
+
+    classes: list[list[tuple[str, str]]]
+    skipped: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+def list_splits(root: Path, splits: dict[str, list[str]]) -> dict[str, SplitFiles]:
+    """The files of root/<split>/<class>/ for each split and its classes, each real folder and file once.
+
+    Links are followed (a class folder, or folders in it, may be links to images kept elsewhere), but a
+    link to a folder already read is not read again: `train/cat/up -> ..` made os.walk(followlinks=True)
+    read cat 40 times. A file, too, counts once (by device and inode): one image under two labels, twice
+    under one, or in train and test alike only misleads. What is reached without links belongs where it
+    lies, so a link in cat to dog's folder does not take dog's images, nor one in train test's: the real
+    folders of every split are read first, then the links, each split and class in ImageFolder's order.
+    The root and the split folders count as read, so a link to them reads nothing.
+    """
+    seen: set[tuple[int, int]] = set()  # (device, inode) of the folders and image files read
+
+    def visit(path: str, via: str | None, out: SplitFiles, label: int, links: list | None) -> None:
+        # links: where to put the links found, to follow later; None: follow them now (`via` one).
+        try:
+            st = os.stat(path)
+        except OSError:  # a dangling link: listed, so that the data module reports it as not a file
+            st = None
+        is_dir = st is not None and stat.S_ISDIR(st.st_mode)
+        if not is_dir and not path.lower().endswith(IMG_EXTENSIONS):
+            out.ignored.append(path)
+        elif st is not None and (st.st_dev, st.st_ino) in seen:
+            out.skipped.append(via or path)
+        elif not is_dir:
+            if st is not None:
+                seen.add((st.st_dev, st.st_ino))
+            out.classes[label].append(os.path.split(path))
+        else:
+            seen.add((st.st_dev, st.st_ino))
+            try:
+                entries = sorted(os.scandir(path), key=lambda e: e.name)
+            except OSError:
+                return  # an unreadable folder: os.walk skips it too
+            for entry in entries:
+                if links is not None and entry.is_symlink():
+                    links.append(entry.path)
+                else:
+                    visit(entry.path, via, out, label, links)
+
+    for folder in [root, *(root / split for split in splits)]:
+        st = folder.stat()
+        seen.add((st.st_dev, st.st_ino))
+    found = {split: SplitFiles([[] for _ in classes]) for split, classes in splits.items()}
+    links = {split: [[] for _ in classes] for split, classes in splits.items()}
+    for split, classes in splits.items():  # the real folders first: what lies in them is theirs
+        for label, name in enumerate(classes):
+            visit(str(root / split / name), None, found[split], label, links[split][label])
+    for split, classes in splits.items():  # then the links found in them, followed all the way
+        for label in range(len(classes)):
+            for link in links[split][label]:
+                visit(link, link, found[split], label, None)
+    for files in found.values():
+        files.classes = [sorted(pairs) for pairs in files.classes]  # as torchvision sorts os.walk's
+        files.skipped = list(dict.fromkeys(files.skipped))
+    return found
+
+
 class ImageFolderDataModule(ImageDataModule):
     """A folder of your own images (`--data image_folder --data.root DIR`).
 
@@ -130,7 +202,9 @@ class ImageFolderDataModule(ImageDataModule):
     of DIR/train, as in `torchvision.datasets.ImageFolder` (hidden folders are skipped); test and val must
     have the same folders.
     Files that are not images (by extension: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) are
-    ignored with a warning. 16-bit and 32-bit images are scaled by their bit depth, float ones from 0..1
+    ignored with a warning. Links are followed, but every real folder and file is read once: a link loop,
+    or a link to another class's (or split's) images, is skipped with a warning naming it.
+    16-bit and 32-bit images are scaled by their bit depth, float ones from 0..1
     (values outside are clipped, with a warning); transparent pixels are shown over white.
 
     The images are decoded once, by all CPU cores, into the uint8 cache in `data_dir/cache/` (not in
@@ -193,33 +267,46 @@ class ImageFolderDataModule(ImageDataModule):
         return classes
 
     def _list(self, split: str) -> tuple[list[Path], list[int]]:
-        """The image files of `split` in ImageFolder's order, with their labels; listed once per run."""
-        if split in self._files:
-            return self._files[split]
-        folder = self.root / split
-        classes = self._class_folders(split)
-        if classes != self.classes:
-            missing, extra = set(self.classes) - set(classes), set(classes) - set(self.classes)
-            raise DataSetupError(f"{folder} must have the same class folders as {self.root / 'train'}"
-                                 + (f"; missing: {', '.join(sorted(missing))}" if missing else "")
-                                 + (f"; not in train: {', '.join(sorted(extra))}" if extra else ""))
-        files, labels, ignored = [], [], [Path(e.path) for e in os.scandir(folder) if e.is_file()]
-        for label, name in enumerate(classes):
-            found = []
-            for dirpath, _, filenames in sorted(os.walk(folder / name, followlinks=True)):
-                for filename in sorted(filenames):
-                    is_image = filename.lower().endswith(IMG_EXTENSIONS)
-                    (found if is_image else ignored).append(Path(dirpath, filename))
-            if not found:
-                raise DataSetupError(f"the class folder {folder / name} has no images "
-                                     f"({' '.join(IMG_EXTENSIONS)} files)")
-            files += found
-            labels += [label] * len(found)
-        if ignored:
-            warnings.warn(f"ignored {len(ignored)} files in {folder} that are not images in a class folder, "
-                          f"e.g. {ignored[0]}")
-        self._files[split] = files, labels
-        return files, labels
+        """The image files of `split` in ImageFolder's order, with their labels; listed once per run.
+
+        Every split is listed at once: a link from one split into another is then found and not read.
+        """
+        if not self._files:
+            self._list_all()
+        return self._files[split]
+
+    def _list_all(self) -> None:
+        splits = {}
+        for split in ("train", "val", "test") if self.has_validation_split else ("train", "test"):
+            classes = self._class_folders(split)
+            if classes != self.classes:
+                missing, extra = set(self.classes) - set(classes), set(classes) - set(self.classes)
+                raise DataSetupError(f"{self.root / split} must have the same class folders as "
+                                     f"{self.root / 'train'}"
+                                     + (f"; missing: {', '.join(sorted(missing))}" if missing else "")
+                                     + (f"; not in train: {', '.join(sorted(extra))}" if extra else ""))
+            splits[split] = classes
+        for split, found in list_splits(self.root, splits).items():
+            folder, files, labels = self.root / split, [], []
+            for label, (name, pairs) in enumerate(zip(splits[split], found.classes)):
+                if not pairs:
+                    linked = [p for p in found.skipped if Path(p).is_relative_to(folder / name)]
+                    raise DataSetupError(f"the class folder {folder / name} has no images "
+                                         f"({' '.join(IMG_EXTENSIONS)} files)"
+                                         + (f"; it only links to images read already: {linked[0]} -> "
+                                            f"{os.path.realpath(linked[0])}" if linked else ""))
+                files += [Path(dirpath, filename) for dirpath, filename in pairs]
+                labels += [label] * len(pairs)
+            if found.skipped:
+                named = ", ".join(f"{link} -> {os.path.realpath(link)}" for link in found.skipped[:3])
+                more = f" and {len(found.skipped) - 3} more" if len(found.skipped) > 3 else ""
+                warnings.warn(f"did not read {len(found.skipped)} links in {folder} again: they lead to folders or "
+                              f"images read already (a loop, or a link to another class or split): {named}{more}")
+            ignored = [e.path for e in os.scandir(folder) if e.is_file()] + found.ignored
+            if ignored:
+                warnings.warn(f"ignored {len(ignored)} files in {folder} that are not images in a class folder, "
+                              f"e.g. {ignored[0]}")
+            self._files[split] = files, labels
 
     def source_files(self, split: str) -> list[Path]:
         return self._list(split)[0]

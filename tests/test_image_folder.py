@@ -428,3 +428,58 @@ def test_sixteen_bit_rgb_files_read_as_their_8bit_twins(png_dir, tmp_path):
     for path, pixels in zip(paths, twins):
         assert torch.equal(read[path], torch.from_numpy(pixels).permute(2, 0, 1))
 
+
+# --- links in the folders ----------------------------------------------------------------------------
+
+def counts(dm) -> list[int]:
+    """Images per class in the training files, as listed."""
+    return np.bincount(dm._list("train")[1], minlength=len(CLASSES)).tolist()
+
+
+def test_a_link_loop_does_not_multiply_the_images(png_dir, tmp_path):
+    plain = counts(module(png_dir, tmp_path))
+    (png_dir / "train" / "cat" / "up").symlink_to("..")  # the loop of the issue: cat read 40 times
+    deep = png_dir / "train" / "ant" / "deep"
+    deep.mkdir()
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(deep / "extra.png")
+    (deep / "again").symlink_to("..")  # a loop back to the class folder, two levels down
+    (png_dir / "train" / "moth" / "all").symlink_to(png_dir)  # the root, absolute
+    dm = module(png_dir, tmp_path)
+    with pytest.warns(UserWarning, match=r"did not read 3 links in .*train again: .*a loop.*: "
+                                         r".*train/ant/deep/again -> .*train/ant, .*train/cat/up -> .*train, "
+                                         r".*train/moth/all -> .*images$"):
+        files = dm.source_files("train")
+    ant = sorted(CLASSES).index("ant")
+    assert counts(dm) == [n + (i == ant) for i, n in enumerate(plain)]
+    assert len(set(map(os.path.realpath, files))) == len(files) == 161
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.splits["train"][0]) + len(dm.splits["val"][0]) == 161
+
+
+def test_links_to_images_read_elsewhere_are_not_read_again(png_dir, tmp_path):
+    plain = module(png_dir, tmp_path)
+    plain_files, plain_labels = plain._list("train")
+    train = png_dir / "train"
+    (train / "ant" / "moths").symlink_to("../moth")  # a sibling class: its images stay moths
+    zebra = sorted((train / "zebra").iterdir())[0]
+    (train / "cat" / "striped.png").symlink_to(zebra)  # one file
+    (train / "cat" / "exam").symlink_to(png_dir / "test" / "cat")  # test images in train
+    elsewhere = write_folder(tmp_path / "elsewhere", {"more": 8}, seed=9) / "more" / "cat"
+    (train / "cat" / "more").symlink_to(elsewhere)  # images kept elsewhere: read, once
+    (png_dir / "test" / "cat" / "more").symlink_to(elsewhere)  # ...and not again in test
+    dm = module(png_dir, tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        files, labels = dm._list("train")  # every split is listed at once
+    cat = sorted(CLASSES).index("cat")
+    more = [train / "cat" / "more" / p.name for p in sorted(elsewhere.iterdir())]
+    # as ImageFolder orders them (by folder, then name), the linked images under cat, the others unchanged
+    expected = sorted(zip(plain_labels + [cat] * len(more), plain_files + more),
+                      key=lambda x: (x[0], str(x[1].parent), x[1].name))
+    assert list(zip(labels, files)) == expected
+    train_warning, test_warning = (str(w.message) for w in caught if "did not read" in str(w.message))
+    assert re.search(r"did not read 3 links in .*train again", train_warning)
+    assert all(f"{link} -> " in train_warning for link in ("ant/moths", "cat/striped.png", "cat/exam"))
+    assert re.search(r"did not read 1 links in .*test again: .*test/cat/more -> .*elsewhere/more/cat$", test_warning)
+    assert len(dm._list("test")[0]) == 40
+
