@@ -1,10 +1,17 @@
 """Your own images: a folder with train/<class>/, test/<class>/ and optionally val/<class>/ image files."""
 
+import ctypes
 import hashlib
 import os
+import signal
 import stat
+import sys
+import threading
+import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -14,6 +21,7 @@ import numpy as np
 import torch
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image, ImageOps
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -23,6 +31,7 @@ from datamodules.base import DataSetupError, ImageDataModule
 # worker processes costs more than they save.
 CHUNK = 1000
 
+# --- decoding one image ----------------------------------------------------------------------------
 
 # PIL modes with an alpha channel; "P", "L" and "RGB" images may also have a transparent colour.
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
@@ -194,6 +203,116 @@ def list_splits(root: Path, splits: dict[str, list[str]]) -> dict[str, SplitFile
     return found
 
 
+# --- the decoding pool -----------------------------------------------------------------------------
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent() -> None:
+    """Have this process killed when its parent dies: prctl(PR_SET_PDEATHSIG) on Linux, a watcher elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0), ctypes.c_ulong(0)) == 0:
+                return
+        except (OSError, AttributeError):
+            pass
+    parent = os.getppid()
+
+    def watch():  # when the parent dies, the process is handed to another: its parent pid changes
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def init_worker(main_pid: int) -> None:
+    """Set up a decoding worker process: deaf to Ctrl-C, and gone when the main process is."""
+    # Ctrl-C in a terminal signals the whole process group. A worker interrupted while it waits for a task
+    # can die holding the task queue's lock and leave the rest waiting forever (once in five tries, a
+    # 16-minute hang). The main process alone handles Ctrl-C, and terminates the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the main process's handler of SIGTERM (see `sigterm_raises`): a worker
+    # must simply die when the main process terminates it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # After a SIGTERM or SIGKILL of the main process nobody would stop a worker, and it would wait for tasks
+    # forever: the task queue's pipe stays open in its siblings.
+    _die_with_parent()
+    if os.getppid() != main_pid and not _alive(main_pid):
+        os._exit(1)  # the main process died before we asked to die with it
+
+
+@contextmanager
+def sigterm_raises():
+    """Within: SIGTERM raises SIGTERMException (exit code 143) in the main thread, at once.
+
+    So that a pool of workers is stopped as on Ctrl-C. A Python handler already set (Lightning's, which
+    tells DDP's other processes) runs first; an ignored SIGTERM stays ignored. Elsewhere than in the main
+    thread signals cannot be handled, and workers die with their parent anyway.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+
+    def handler(signum, frame):
+        if callable(previous):
+            previous(signum, frame)
+        raise SIGTERMException(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool at once: cancel the work not started, and terminate the workers mid-task."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=2)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=2)
+
+
+def map_in_processes(function, tasks: list, workers: int) -> list:
+    """[function(task) for task in tasks] in `workers` processes, which never outlive this call.
+
+    On Ctrl-C, SIGTERM or an error the pool is stopped at once (the pending tasks are not waited for) and the
+    exception goes on; SIGTERM raises SIGTERMException (see `sigterm_raises`).
+    """
+    pool = ProcessPoolExecutor(workers, initializer=init_worker, initargs=(os.getpid(),))
+    try:
+        with sigterm_raises():
+            results = list(pool.map(function, tasks))
+    except BrokenProcessPool:
+        stop_pool(pool)
+        raise DataSetupError("a process decoding the images died (killed, or out of memory?); run again, "
+                             "or with fewer CPU cores (taskset) if memory is short") from None
+    except BaseException:
+        stop_pool(pool)
+        raise
+    pool.shutdown()
+    return results
+
+
 class ImageFolderDataModule(ImageDataModule):
     """A folder of your own images (`--data image_folder --data.root DIR`).
 
@@ -204,8 +323,8 @@ class ImageFolderDataModule(ImageDataModule):
     Files that are not images (by extension: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) are
     ignored with a warning. Links are followed, but every real folder and file is read once: a link loop,
     or a link to another class's (or split's) images, is skipped with a warning naming it.
-    16-bit and 32-bit images are scaled by their bit depth, float ones from 0..1
-    (values outside are clipped, with a warning); transparent pixels are shown over white.
+    16-bit and 32-bit images are scaled by their bit depth, float ones from 0..1 (values outside are
+    clipped, with a warning); transparent pixels are shown over white.
 
     The images are decoded once, by all CPU cores, into the uint8 cache in `data_dir/cache/` (not in
     DIR, which may be read-only); it is rebuilt when a file in DIR is added, removed or changed.
@@ -344,11 +463,7 @@ class ImageFolderDataModule(ImageDataModule):
         workers = min(cpus, len(chunks))
         # Processes, not threads: PIL holds the GIL for most of a small image's decode (CIFAR-10's JPEGs on
         # 2 cores: 2 threads were slower than 1, 2 processes 1.8x faster).
-        if workers > 1:
-            with ProcessPoolExecutor(workers) as pool:
-                parts = list(pool.map(read, chunks))
-        else:
-            parts = [read(files)]
+        parts = map_in_processes(read, chunks, workers) if workers > 1 else [read(files)]
         images = np.concatenate([part for part, _ in parts])
         clipped = [note for _, notes in parts for note in notes]
         if clipped:

@@ -2,14 +2,19 @@
 
 import os
 import re
+import signal
 import struct
+import subprocess
+import sys
+import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import class_images
+from conftest import ROOT, class_images
 from helpers import results, run_dirs, run_inprocess
 from PIL import Image
 from torchvision.datasets import ImageFolder
@@ -152,7 +157,8 @@ def test_worker_processes_decode_the_same_pixels(png_dir, tmp_path, monkeypatch)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     spawned = []
     real_pool = image_folder.ProcessPoolExecutor
-    monkeypatch.setattr(image_folder, "ProcessPoolExecutor", lambda n: spawned.append(n) or real_pool(n))
+    monkeypatch.setattr(image_folder, "ProcessPoolExecutor",
+                        lambda n, **kwargs: spawned.append(n) or real_pool(n, **kwargs))
     pooled = ready(png_dir, tmp_path / "other")
     assert spawned == [2, 2]
     for split in ("train", "val", "test"):
@@ -483,3 +489,101 @@ def test_links_to_images_read_elsewhere_are_not_read_again(png_dir, tmp_path):
     assert re.search(r"did not read 1 links in .*test again: .*test/cat/more -> .*elsewhere/more/cat$", test_warning)
     assert len(dm._list("test")[0]) == 40
 
+
+# --- signals while the worker processes decode -------------------------------------------------------
+
+# Decodes root/train slowly (50 ms an image, 2 s a task of 40, 4 workers: ~6 s in all), and says what
+# stopped it, and when.
+SLOW_DECODE = """
+import os, sys, time
+from datamodules import ImageFolderDataModule, image_folder
+real_open = image_folder.open_image
+def slow_open(path, mode):
+    time.sleep(0.05)
+    return real_open(path, mode)
+image_folder.open_image = slow_open  # the forked workers inherit it
+image_folder.CHUNK = 40
+os.sched_getaffinity = lambda pid: {0, 1, 2, 3}  # four workers, however many cores
+try:
+    ImageFolderDataModule(root=sys.argv[1], data_dir=sys.argv[2]).load_split("train")
+except BaseException as e:
+    print(type(e).__name__, time.time(), flush=True)
+    raise
+"""
+
+
+def children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            fields = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid) and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["Ctrl-C", "SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_signal_while_decoding_stops_at_once_and_leaves_no_worker(how, tmp_path):
+    root = write_folder(tmp_path / "images", {"train": 400, "test": 4})
+    child = subprocess.Popen([sys.executable, "-c", SLOW_DECODE, str(root), str(tmp_path / "data")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers = []
+    try:
+        deadline = time.time() + 60
+        while len(workers) < 4 and time.time() < deadline and child.poll() is None:
+            time.sleep(0.05)
+            workers = children(child.pid)
+        assert len(workers) == 4, child.stderr.read() if child.poll() is not None else "no workers"
+        time.sleep(0.5)  # in the middle of their tasks
+        sent = time.time()
+        if how == "Ctrl-C":
+            os.killpg(child.pid, signal.SIGINT)  # a terminal sends it to the whole process group
+        else:
+            os.kill(child.pid, getattr(signal, how))  # `kill`, a scheduler, the OOM killer: the main process
+        code = child.wait(timeout=15)
+        exited = time.time() - sent
+        deadline = time.time() + 3  # SIGKILL: the workers are told by the kernel; it takes a moment
+        while any(map(alive, workers)) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in workers if alive(pid)], "workers outlived the main process"
+    finally:
+        for pid in [child.pid, *workers]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        child.wait()
+    out = child.stdout.read().split()
+    if how == "SIGKILL":
+        assert code == -signal.SIGKILL
+    else:  # the exception reaches the caller at once, not after the tasks running or queued (seconds)
+        assert out[0] == ("SIGTERMException" if how == "SIGTERM" else "KeyboardInterrupt")
+        assert float(out[1]) - sent < 1.0
+        assert code in ((143, -signal.SIGTERM) if how == "SIGTERM" else (-signal.SIGINT, 1))
+    assert exited < 8  # most of it the interpreter's exit with torch loaded (~1 s here)
+
+
+def test_a_worker_that_dies_is_a_clear_error(png_dir, tmp_path, monkeypatch):
+    main, real_open = os.getpid(), image_folder.open_image
+
+    def killed(path, mode):  # what the OOM killer does to a worker
+        if os.getpid() != main:
+            os._exit(137)
+        return real_open(path, mode)
+
+    monkeypatch.setattr(image_folder, "open_image", killed)
+    monkeypatch.setattr(image_folder, "CHUNK", 7)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(DataSetupError, match="a process decoding the images died"):
+        ready(png_dir, tmp_path)
