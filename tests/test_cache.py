@@ -131,7 +131,7 @@ def test_a_failed_cache_write_is_one_warning_and_leaves_nothing_behind(fault, mn
     assert leftovers(folder) == []  # no temporary file left, not even the link
 
 
-def test_ctrl_c_while_writing_the_cache_goes_on_and_leaves_no_temporary(tmp_path, monkeypatch):
+def test_ctrl_c_while_writing_the_cache_leaves_no_temporary(tmp_path, monkeypatch):
     def interrupted(obj, file):
         file.write(b"PK" + b"\0" * 100_000)
         raise KeyboardInterrupt
