@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(argv)
         release_process_group()
+    except SIGTERMException:  # raised by the image decoding pool, outside Lightning's loops
+        print("train.py: stopped by SIGTERM before training began; nothing was trained", file=sys.stderr)
+        return 143
     except SystemExit as e:  # jsonargparse after printing a help (--help all, --model.help, --data.help)
         return e.code if isinstance(e.code, int) else 0
     except Stopped as e:
@@ -296,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         release_process_group()
         return 0
     except KeyboardInterrupt:
-        print("train.py: stopped by Ctrl-C; nothing was trained", file=sys.stderr)
+        print("train.py: stopped by Ctrl-C before training began; nothing was trained", file=sys.stderr)
         return 130
     except Exception as e:
         cause = user_error(e)

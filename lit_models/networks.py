@@ -26,7 +26,8 @@ class TutorialCNN(nn.Module):
         # Spatial size after conv5-pool2-conv5-pool2: 32 -> 28 -> 14 -> 10 -> 5 on CIFAR-10.
         h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
         if h < 1 or w < 1:
-            raise NetworkShapeError(f"the tutorial CNN needs images of at least 16x16 pixels, these are {height}x{width}; "
+            raise NetworkShapeError(f"the tutorial CNN needs images of at least 16x16 pixels, these are "
+                                    f"{height}x{width}; "
                                     f"use --data.image_size 16 (or more) for an image folder, or --model mlp")
         self.fc1 = nn.Linear(16 * h * w, 120)
         self.fc2 = nn.Linear(120, 84)
