@@ -14,8 +14,9 @@ TRAIN = str(ROOT / "train.py")
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
-def run_inprocess(args: list[str], monkeypatch=None) -> int:
-    """`python train.py ARGS` in this process (so fixtures' monkeypatches apply); returns the exit code."""
+def run_inprocess(args: list[str], monkeypatch=None, quiet: bool = True) -> int:
+    """`python train.py ARGS` in this process (so fixtures' monkeypatches apply); returns the exit code.
+    `quiet` adds QUIET (no progress bar, no model summary)."""
     import logging
 
     import train
@@ -28,17 +29,17 @@ def run_inprocess(args: list[str], monkeypatch=None) -> int:
     argv_before = sys.argv
     sys.argv = ["train.py"]  # LightningCLI warns when both sys.argv and args carry arguments
     try:
-        return train.main(args + QUIET)
+        return train.main(args + (QUIET if quiet else []))
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     finally:
         sys.argv = argv_before
 
 
-def run_subprocess(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 240):
-    """`python train.py ARGS` in a fresh interpreter, in `cwd`."""
+def run_subprocess(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 240, quiet: bool = True):
+    """`python train.py ARGS` in a fresh interpreter, in `cwd` (with QUIET unless `quiet` is false)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, TRAIN, *args, *QUIET], cwd=cwd, env=full_env,
+    return subprocess.run([sys.executable, TRAIN, *args, *(QUIET if quiet else [])], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -193,3 +193,44 @@ def test_compile_trains_the_same_network(mnist_dir, in_tmp):
     assert res["compile"] is True and res["test/acc"] > 0.5
     state = torch.load(res["checkpoint"], weights_only=True)["state_dict"]
     assert "net.fc1.weight" in state  # the same keys as without compile: checkpoints interchange
+
+
+@pytest.mark.parametrize("flag, expected", [([], True), (["--tf32=false"], False)])
+def test_tf32_flag_sets_both_kinds_of_kernels_on_a_gpu(flag, expected, mnist_dir, in_tmp, monkeypatch):
+    # No GPU here: pretend one is there for the CLI's settings, and build the Trainer on the CPU.
+    from cli import app
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not expected
+    try:
+        _, _, trainer, run = app.build("fit", ["--config", str(ROOT / "configs" / "mlp.yaml"), "--data.data_dir",
+                                               str(mnist_dir), "--trainer.accelerator=cpu", *flag])
+        assert torch.backends.cuda.matmul.allow_tf32 is expected and torch.backends.cudnn.allow_tf32 is expected
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert trainer.precision == "32-true"  # bf16 only where the Trainer's device is the GPU
+    assert not (run.dir / "config.yaml").exists()  # saved once training starts, not when the Trainer is built
+
+
+def test_help_shows_the_recipes_options_first(capsys, in_tmp):
+    assert run_inprocess(["--model", "mlp", "--help"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[:40]
+    assert any(line.startswith("  --model.optimizer AdamW") for line in head)
+    assert any(line.startswith("    --model.optimizer.lr 0.015") for line in head)
+    assert any(line.startswith("  --data.batch_size 1536") for line in out.splitlines()[:60])
+    assert "--trainer.max_epochs 30" in out and "predict" in out
+    assert run_inprocess(["--data.help", "cifar10"], quiet=False) == 0  # short names wherever a class name goes
+    assert "--data.crop_padding" in capsys.readouterr().out
+
+
+def test_a_run_not_in_a_terminal_prints_one_plain_line_per_epoch(mnist_dir, tmp_path):
+    proc = run_subprocess(["--model", "mlp", "--data.data_dir", str(mnist_dir), *MNIST_SMALL, "--trainer.max_epochs=3",
+                           "--data.batch_size=50"], cwd=tmp_path, quiet=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("Epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
+    assert all("train/loss=" in line and "val/acc=" in line for line in lines)
+    assert "\r" not in proc.stdout and "it/s" not in proc.stdout + proc.stderr  # no bars redrawn into the log

@@ -26,7 +26,7 @@ def run(tmp_path_factory):
     data = write_mnist(cwd / "data", folder="FashionMNIST")
     proc = run_subprocess(["--model", "mlp", "--data", "fashion_mnist", "--data.data_dir", str(data),
                            "--data.val_size=100", "--data.batch_size=50", "--trainer.max_epochs=3",
-                           "--trainer.log_every_n_steps=5"], cwd=cwd)
+                           "--trainer.log_every_n_steps=5", "--trainer.accelerator=cpu"], cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = run_dirs(cwd)
     return SimpleNamespace(dir=run_dir, stdout=proc.stdout)
