@@ -1,45 +1,43 @@
-"""Side by side on one machine: the tutorials' own scripts, this project, and a bare PyTorch loop.
+"""Side by side on one machine: the tutorials' own training, this project, and a bare PyTorch loop.
 
-    python benchmarks/speed.py                  # CPU; about 11 minutes on 2 cores
-    python benchmarks/speed.py --device cuda    # on a GPU
-    python benchmarks/speed.py --only mlp --skip-seeds
+    python benchmarks/speed.py --cifar10 DATA_DIR --fashion-mnist DATA_DIR     # CPU; about 15 minutes on 2 cores
+    python benchmarks/speed.py --cifar10 DIR --fashion-mnist DIR --device cuda  # on a GPU
+    python benchmarks/speed.py --fashion-mnist DIR --only mlp --skip-tutorials
 
-For each model it runs, each in a fresh process, on the real data of ../shared/datasets/:
-  seed     the tutorial's script as written (../shared/baselines/seed_*.py)
-  quick    train.py with the default recipe cut short (the CNN without crops, 2 epochs; the MLP 8)
-  default  train.py --model cnn / --model mlp --data fashion_mnist, nothing else changed
-  bare     benchmarks/bare_loop.py: the default recipe in a bare loop over the same device batches
-and prints a markdown table.
+Each DATA_DIR is a `--data.data_dir` of train.py (torchvision's layout: `cifar-10-batches-py/`,
+`FashionMNIST/raw/`; torchvision downloads the data there where there is a network). For each model it
+runs, each in a fresh process:
+  tutorial  the tutorial's training as written (benchmarks/tutorials/)
+  quick     train.py with the default recipe cut short (the CNN without crops, 2 epochs; the MLP 8)
+  default   train.py --model cnn / --model mlp --data fashion_mnist, nothing else changed
+  bare      benchmarks/bare_loop.py: the default recipe in a bare loop over the same device batches
+then, for "vs bare", --repeats rounds of short runs back to back: train.py with one optimizer step per
+Lightning step (--data.steps_per_call 1), train.py as it comes (the default steps_per_call), and the
+bare loop, so that all three see the same machine. train.py runs in a pseudo-terminal, with its progress
+bars, as a user at a shell runs it. It prints a markdown table and writes it with every figure to
+`--work/speed.json`. docs/benchmarks.md explains the method.
 
-- "train s" is training time alone, as the seeds measure theirs: for train.py the training batches
-  of every epoch (validation, checkpointing and start-up excluded); "fit s" is train.py's whole fit.
-- "to seed acc" is the training time until the test accuracy first reached the seed's: train.py's
-  whole run (it tests once, at the end), the bare loop's epochs up to the first that reached it.
-- "images/s" is training images per second in the median epoch (first epochs left out); for
-  default and bare, of --repeats pairs of short runs, train.py then the bare loop, so that both see
-  the same machine (a shared 2-core VM drifts by 20% over minutes). "vs bare" is train.py's
-  throughput over the bare loop's at the same recipe and batch size: the median over the pairs.
-
-The CIFAR-10 archive is JPEG-re-encoded, so torchvision's md5 check of the pickle batches written from
-it cannot pass: the CIFAR-10 runs get ../shared/datasets/offline_cifar10 on PYTHONPATH, as that
-folder's README describes. It changes nothing else.
+Our offline machines have no network for torchvision's downloads: their CIFAR-10 is a JPEG re-encoding
+whose pickles fail torchvision's md5 check, and the runs that read it are given a PYTHONPATH entry
+with `--cifar10-pythonpath DIR` (a sitecustomize that accepts the files as they are).
 """
 
 import argparse
-import gzip
-import importlib.util
+import fcntl
 import json
 import os
 import platform
+import pty
 import re
+import select
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,29 +46,8 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def prepare_data(shared: Path, fashion_gz: Path, work: Path) -> dict[str, Path]:
-    """CIFAR-10 as the seed's .npz and as torchvision's pickle batches; Fashion-MNIST's IDX files."""
-    paths = {"npz": work / "cifar10.npz", "cifar10": work / "cifar10", "fashion": work / "fashion"}
-    if not paths["npz"].exists() or not (paths["cifar10"] / "cifar-10-batches-py").exists():
-        log("decoding the CIFAR-10 JPEG archive")
-        spec = importlib.util.spec_from_file_location("cifar10_jpeg", shared / "datasets" / "cifar10_jpeg.py")
-        cifar10_jpeg = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(cifar10_jpeg)
-        np.savez(paths["npz"], **cifar10_jpeg.load())
-        cifar10_jpeg.write_torchvision_layout(paths["cifar10"])
-    raw = paths["fashion"] / "FashionMNIST" / "raw"
-    if not raw.is_dir():
-        sources = sorted(fashion_gz.glob("*-ubyte.gz"))
-        if len(sources) != 4:
-            sys.exit(f"speed.py: Fashion-MNIST's four *-ubyte.gz files are not in {fashion_gz} "
-                     f"(apt-get install dataset-fashion-mnist, or pass --fashion-mnist DIR)")
-        raw.mkdir(parents=True)
-        for gz in sources:
-            (raw / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
-    return paths
-
-
-def run(cmd: list[str], env: dict, cwd: Path) -> str:
+def run(cmd: list, env: dict, cwd: Path) -> str:
+    """A command's stdout; the benchmark stops with its error if it fails."""
     log(" ".join(str(c) for c in cmd))
     proc = subprocess.run([str(c) for c in cmd], env=env, cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -78,20 +55,49 @@ def run(cmd: list[str], env: dict, cwd: Path) -> str:
     return proc.stdout
 
 
-def seed_run(script: Path, args: list, env: dict, cwd: Path) -> dict:
-    out = run([sys.executable, script, *args], env, cwd)
+def run_in_terminal(cmd: list, env: dict, cwd: Path) -> None:
+    """A command with a pseudo-terminal as its output, as a user at a shell runs it (progress bars drawn)."""
+    log("(in a terminal) " + " ".join(str(c) for c in cmd))
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        os.execve(sys.executable, [sys.executable, *map(str, cmd[1:])], env)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
+    output = b""
+    while True:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            output += data[-4000:]
+            output = output[-8000:]
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"speed.py: this run failed:\n{output.decode(errors='replace')[-3000:]}")
+
+
+def tutorial_run(script: str, args: list, env: dict, cwd: Path) -> dict:
+    out = run([sys.executable, ROOT / "benchmarks" / "tutorials" / script, *args], env, cwd)
     result = dict(re.findall(r"(\w+)=(\S+)", next(line for line in out.splitlines() if line.startswith("RESULT"))))
     return {"epochs": int(result["epochs"]), "train_s": float(result["train_s"]),
             "test_acc": float(result["test_acc"])}
 
 
-def project_run(args: list, env: dict, cwd: Path) -> dict:
-    before = set((cwd / "lightning_logs").glob("version_*"))
-    run([sys.executable, ROOT / "train.py", *args, "--trainer.enable_progress_bar=false"], env, cwd)
-    (run_dir,) = set((cwd / "lightning_logs").glob("version_*")) - before
+def project_run(args: list, env: dict, cwd: Path, terminal: bool = False) -> dict:
+    before = set((cwd / "lightning_logs").glob("*/version_*"))
+    cmd = [sys.executable, ROOT / "train.py", *args]
+    if terminal:
+        run_in_terminal(cmd, env, cwd)
+    else:
+        run(cmd, env, cwd)
+    (run_dir,) = set((cwd / "lightning_logs").glob("*/version_*")) - before
     res = json.loads((run_dir / "results.json").read_text())
     return {"epochs": res["epochs"], "batch": res["batch_size"], "train_s": res["train_seconds"],
             "fit_s": res["fit_seconds"], "test_acc": res["test/acc"], "epoch_seconds": res["train_epoch_seconds"],
+            "steps_per_call": res["steps_per_call"],
             "images_per_epoch": res["train_images_per_second"] * res["train_seconds"] / res["epochs"]}
 
 
@@ -102,53 +108,62 @@ def bare_run(args: list, env: dict, cwd: Path) -> dict:
             "images_per_epoch": res["images_per_second"] * sum(res["epoch_seconds"]) / res["epochs"]}
 
 
-def compare(project: tuple[list, dict], bare: tuple[list, dict], runs: dict, repeats: int) -> None:
-    """Short default-recipe runs of train.py and the bare loop, in pairs back to back; then the ratios.
+def typical_epoch(r: dict) -> float:
+    """The median training epoch, the first (which warms up) left out."""
+    return statistics.median(r["epoch_seconds"][1:] or r["epoch_seconds"])
 
-    The speed of a shared VM drifts by 20% over minutes, more than the difference being measured: each
-    pair sees nearly the same machine, so "vs bare" is the median over pairs of the ratio of their median
-    epochs (the first epoch of each run, which warms up, left out), and its range is printed under the
-    table. "images/s" of default and bare is that of the median epoch over all their paired runs.
+
+def compare(project: tuple, bare: tuple, runs: dict, repeats: int) -> None:
+    """Rounds of short runs back to back: train.py with one step per call, train.py as it comes, the bare loop.
+
+    A shared VM's speed drifts by 10-20% over minutes, more than the difference being measured: each round
+    sees nearly the same machine, so "vs bare" is the median over rounds of the ratio of median epochs, and
+    its range is printed under the table.
     """
-    pairs = [(project_run(*project), bare_run(*bare)) for _ in range(repeats)]
-    typical = [[statistics.median(r["epoch_seconds"][1:]) for r in pair] for pair in pairs]
-    ratios = sorted(bare_s / project_s for project_s, bare_s in typical)
-    runs["default"]["vs_bare"] = statistics.median(ratios)
-    runs["default"]["vs_bare_range"] = (ratios[0], ratios[-1])
-    runs["default"]["pairs"] = len(pairs)
-    for label, i in (("default", 0), ("bare", 1)):
-        runs[label]["typical_epoch_s"] = statistics.median(t for pair in pairs for t in pair[i]["epoch_seconds"][1:])
+    args, env, cwd = project
+    rounds = []
+    for _ in range(repeats):
+        one = project_run([*args, "--data.steps_per_call=1"], env, cwd, terminal=True)
+        default = project_run(args, env, cwd, terminal=True)
+        rounds.append((one, default, bare_run(*bare)))
+    for label, i in (("steps_per_call=1", 0), ("default", 1)):
+        ratios = sorted(typical_epoch(r[2]) / typical_epoch(r[i]) for r in rounds)
+        runs.setdefault(label, {**rounds[0][i], "label": label})
+        runs[label].update(vs_bare=statistics.median(ratios), vs_bare_range=(ratios[0], ratios[-1]),
+                           typical_epoch_s=statistics.median(typical_epoch(r[i]) for r in rounds))
+    runs["bare"]["typical_epoch_s"] = statistics.median(typical_epoch(r[2]) for r in rounds)
+    runs["rounds"] = repeats
 
 
 def table(name: str, runs: dict, target: float | None) -> str:
-    seed_s = runs["seed"]["train_s"] if "seed" in runs else None
-    for r in runs.values():
-        if "epoch_seconds" in r:
-            epochs = r["epoch_seconds"][1:] or r["epoch_seconds"]
-            r["images_per_s"] = r["images_per_epoch"] / r.get("typical_epoch_s", statistics.median(epochs))
-    lines = [f"| {name} | epochs | batch | train s | fit s | to seed acc | vs seed | test acc | images/s | vs bare |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    tutorial_s = runs["tutorial"]["train_s"] if "tutorial" in runs else None
+    lines = [f"| {name} | epochs | batch | train s | fit s | to tutorial acc | vs tutorial | test acc | images/s "
+             f"| vs bare |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in runs.items():
+        if not isinstance(r, dict):
+            continue
+        if "epoch_seconds" in r:
+            r["images_per_s"] = r["images_per_epoch"] / r.get("typical_epoch_s", typical_epoch(r))
         reached = None
-        if target is not None:
-            if label == "bare":  # per-epoch test accuracy is known
-                for i, acc in enumerate(r["epoch_acc"]):
-                    if acc >= target:
-                        reached = sum(r["epoch_seconds"][:i + 1])
-                        break
-            elif r["test_acc"] >= target and label != "default":
-                reached = r["train_s"]
-        reach = f"{reached:.1f} s" if reached else ("n/a" if label == "default" or target is None else "not reached")
-        speedup = f"{seed_s / reached:.0f}x" if reached and seed_s and label != "seed" else ""
+        if target is not None and label == "bare":  # per-epoch test accuracy is known
+            reached = next((sum(r["epoch_seconds"][:i + 1]) for i, acc in enumerate(r["epoch_acc"]) if acc >= target),
+                           None)
+        elif target is not None and label == "quick" and r["test_acc"] >= target:
+            reached = r["train_s"]
+        reach = f"{reached:.1f} s" if reached else ""
+        speedup = f"**{tutorial_s / reached:.0f}x**" if reached and tutorial_s else ""
         ips = f"{r['images_per_s']:,.0f}" if r.get("images_per_s") else ""
         vs_bare = f"{r['vs_bare']:.0%}" if "vs_bare" in r else ""
         fit = f"{r['fit_s']:.1f}" if "fit_s" in r else ""
-        lines.append(f"| {label} | {r['epochs']} | {r.get('batch', '')} | {r['train_s']:.1f} | {fit} | {reach} | "
+        shown = {"default": "default (train.py)", "steps_per_call=1": "train.py, --data.steps_per_call 1"}.get(label,
+                                                                                                             label)
+        lines.append(f"| {shown} | {r['epochs']} | {r.get('batch', '')} | {r['train_s']:.1f} | {fit} | {reach} | "
                      f"{speedup} | {100 * r['test_acc']:.1f}% | {ips} | {vs_bare} |")
-    if "vs_bare_range" in runs.get("default", {}):
-        low, high = runs["default"]["vs_bare_range"]
-        lines.append(f"\nvs bare: median of {runs['default']['pairs']} back-to-back pairs of runs; range {low:.0%} to "
-                     f"{high:.0%}.")
+    for label in ("default", "steps_per_call=1"):
+        if "vs_bare_range" in runs.get(label, {}):
+            low, high = runs[label]["vs_bare_range"]
+            lines.append(f"\nvs bare ({label}): median of {runs['rounds']} rounds of back-to-back runs; range "
+                         f"{low:.0%} to {high:.0%}.")
     return "\n".join(lines)
 
 
@@ -166,62 +181,65 @@ def machine(device: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cifar10", type=Path, help="data_dir holding cifar-10-batches-py/")
+    parser.add_argument("--fashion-mnist", type=Path, help="data_dir holding FashionMNIST/raw/")
+    parser.add_argument("--cifar10-pythonpath", type=Path, help="a PYTHONPATH entry for the runs that read CIFAR-10")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
-    parser.add_argument("--fashion-mnist", type=Path, default=Path("/usr/share/datasets/fashion-mnist"),
-                        help="folder of Fashion-MNIST's *-ubyte.gz files")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/lit-bench"), help="data and run logs")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/lit-bench"), help="run logs and speed.json")
     parser.add_argument("--only", choices=["cnn", "mlp"])
-    parser.add_argument("--skip-seeds", action="store_true", help="leave out the (slow) seed scripts")
-    parser.add_argument("--repeats", type=int, default=6,
-                        help="back-to-back pairs of short train.py and bare-loop runs, for images/s and vs bare")
+    parser.add_argument("--skip-tutorials", action="store_true", help="leave out the (slow) tutorial scripts")
+    parser.add_argument("--repeats", type=int, default=4, help="rounds of short back-to-back runs, for vs bare")
     args = parser.parse_args()
+    models = [args.only] if args.only else ["cnn", "mlp"]
+    for model, folder in (("cnn", args.cifar10), ("mlp", args.fashion_mnist)):
+        if model in models and folder is None:
+            parser.error(f"--{'cifar10' if model == 'cnn' else 'fashion-mnist'} DATA_DIR is needed for the {model}")
 
-    args.work.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(args.shared.resolve(), args.fashion_mnist, args.work)
     runs_dir = args.work / "runs"
     shutil.rmtree(runs_dir, ignore_errors=True)
-    runs_dir.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    runs_dir.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     accelerator = []
     if args.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the seeds pick the GPU whenever there is one
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the tutorials pick the GPU whenever there is one
         accelerator = ["--trainer.accelerator=cpu"]
-    cifar_env = {**env, "PYTHONPATH": os.pathsep.join([str(args.shared / "datasets" / "offline_cifar10"),
-                                                       env["PYTHONPATH"]])}
-    baselines = args.shared / "baselines"
-    report = [f"Machine: {machine(args.device)}", ""]
+    cifar_env = dict(env)
+    if args.cifar10_pythonpath:
+        cifar_env["PYTHONPATH"] = os.pathsep.join([str(args.cifar10_pythonpath), env["PYTHONPATH"]])
+    report, record = [f"Machine: {machine(args.device)}", ""], {"machine": machine(args.device)}
 
-    if args.only in (None, "cnn"):
+    if "cnn" in models:
         runs = {}
-        if not args.skip_seeds:
-            runs["seed"] = seed_run(baselines / "seed_cifar_cnn.py", [data["npz"]], env, runs_dir)
-        common = ["--data.data_dir", data["cifar10"], *accelerator]
-        runs["quick"] = project_run(["--model", "cnn", "--trainer.max_epochs=2", "--data.crop_padding=0",
-                                     *common], cifar_env, runs_dir)
+        if not args.skip_tutorials:
+            runs["tutorial"] = tutorial_run("cifar10_cnn.py", [args.cifar10], cifar_env, runs_dir)
+        common = ["--data.data_dir", args.cifar10, *accelerator]
+        runs["quick"] = project_run(["--model", "cnn", "--trainer.max_epochs=2", "--data.crop_padding=0", *common],
+                                    cifar_env, runs_dir)
         runs["default"] = project_run(["--model", "cnn", *common], cifar_env, runs_dir)
-        bare = ["--config", ROOT / "configs" / "cnn.yaml", "--data.data_dir", data["cifar10"], "--device", args.device]
+        bare = ["--config", ROOT / "configs" / "cnn.yaml", "--data.data_dir", args.cifar10, "--device", args.device]
         runs["bare"] = bare_run(bare, cifar_env, runs_dir)
         compare((["--model", "cnn", "--trainer.max_epochs=3", *common], cifar_env, runs_dir),
                 ([*bare, "--epochs=3"], cifar_env, runs_dir), runs, args.repeats)
-        report += [table("CNN, CIFAR-10", runs, runs.get("seed", {}).get("test_acc")), ""]
+        report += [table("CNN, CIFAR-10", runs, runs.get("tutorial", {}).get("test_acc")), ""]
+        record["cnn"] = runs
 
-    if args.only in (None, "mlp"):
+    if "mlp" in models:
         runs = {}
-        if not args.skip_seeds:
-            runs["seed"] = seed_run(baselines / "seed_mnist_mlp.py", [data["fashion"], "FashionMNIST"], env,
-                                    runs_dir)
-        common = ["--data", "fashion_mnist", "--data.data_dir", data["fashion"], *accelerator]
+        if not args.skip_tutorials:
+            runs["tutorial"] = tutorial_run("mnist_mlp.py", [args.fashion_mnist, "FashionMNIST"], env, runs_dir)
+        common = ["--data", "fashion_mnist", "--data.data_dir", args.fashion_mnist, *accelerator]
         runs["quick"] = project_run(["--model", "mlp", "--trainer.max_epochs=8", *common], env, runs_dir)
         runs["default"] = project_run(["--model", "mlp", *common], env, runs_dir)
         bare = ["--config", ROOT / "configs" / "mlp.yaml", "--data", "fashion_mnist", "--data.data_dir",
-                data["fashion"], "--device", args.device]
+                args.fashion_mnist, "--device", args.device]
         runs["bare"] = bare_run(bare, env, runs_dir)
         compare((["--model", "mlp", "--trainer.max_epochs=8", *common], env, runs_dir),
                 ([*bare, "--epochs=8"], env, runs_dir), runs, args.repeats)
-        report += [table("MLP, Fashion-MNIST", runs, runs.get("seed", {}).get("test_acc")), ""]
+        report += [table("MLP, Fashion-MNIST", runs, runs.get("tutorial", {}).get("test_acc")), ""]
+        record["mlp"] = runs
 
     print("\n".join(report))
+    (args.work / "speed.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """One LightningModule for image classification: loss, metrics and optimisation around a network."""
 
 import math
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import lightning as L
 import torch
@@ -47,7 +47,9 @@ class ImageClassifier(L.LightningModule):
             run's number of optimizer steps (`--model.scheduler OneCycle`); none: a constant rate.
         label_smoothing: label smoothing of the training loss, in [0, 1] (evaluation losses use none).
         channels_last: use the NHWC memory layout for convolutions (faster on GPUs and CPUs alike).
-        compile: compile the network with `torch.compile`.
+        compile: compile the network with `torch.compile`: true, or a mode: "reduce-overhead" (on a GPU, CUDA
+            graphs of the network's forward and backward, which every training batch, of one shape, replays:
+            the launch cost of the tutorial networks' many small kernels is paid once), "max-autotune".
         accumulate_grad_batches: batches whose gradients are summed per optimizer step (linked from
             `--trainer.accumulate_grad_batches`).
     """
@@ -64,7 +66,7 @@ class ImageClassifier(L.LightningModule):
         scheduler: Optional[LRSchedulerCallable] = None,
         label_smoothing: ClosedUnitInterval = 0.0,
         channels_last: bool = True,
-        compile: bool = False,
+        compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False,
         accumulate_grad_batches: PositiveInt = 1,
     ):
         super().__init__()
@@ -84,7 +86,7 @@ class ImageClassifier(L.LightningModule):
             self.net.to(memory_format=torch.channels_last)
         if compile:
             # In place, so that state_dict keys (and so checkpoints) match an uncompiled network.
-            self.net.compile()
+            self.net.compile(mode=None if compile is True else compile)
         # The best validation accuracy so far, in checkpoints so that a resumed run remembers it.
         self.register_buffer("val_acc_best", torch.tensor(float("nan")))
         # A separate metric object per stage, as torchmetrics wants; each syncs across DDP ranks when
