@@ -210,14 +210,16 @@ class TrainCLI(LightningCLI):
                 return resumed.run_dir, resumed
         if self.evaluated is not None and self.evaluated.run_dir is not None and not logger_args.get("name"):
             root = self.evaluated.run_dir.parent  # a test of a run goes into that run's series
-        if rank_zero_only.rank != 0:  # rank 0 claims the directory; the others only need its name
-            return runs.newest_run_dir(root) or root / "version_0", resumed
         version = logger_args.get("version")
         slurm = runs.slurm_run_dir(root) if version is None else None
         if slurm is not None:
-            if slurm.is_dir():  # a requeued job: Lightning resumes it from its hpc_ckpt_*.ckpt
+            if slurm.is_dir() or rank_zero_only.rank != 0:  # a requeued job: Lightning resumes its hpc_ckpt_*.ckpt
                 return slurm, resumed
             version = slurm.name
+        if rank_zero_only.rank != 0:  # rank 0 claims the directory; the others only need its name
+            named = root / (version if isinstance(version, str) else f"version_{version}") if version is not None \
+                else runs.newest_run_dir(root)
+            return named or root / "version_0", resumed
         return runs.claim_run_dir(root, version), resumed
 
     def _logger(self, logger, run_dir: Path):
