@@ -33,7 +33,7 @@ from cli.args import UsageError
 from datamodules import DataSetupError, ImageDataModule
 from lit_models.preprocessing import ImageFiles
 
-SHOWN = 8  # predictions printed; the CSV has them all
+SHOWN = 8  # predictions printed, spread over the images (a folder or split is often sorted by class)
 NAMED_FAILURES = 10  # unreadable files named one by one; the rest are counted
 
 
@@ -75,12 +75,9 @@ def run(checkpoint: runs.Checkpoint, argv: list[str]) -> dict:
     if top_k < 1:
         raise UsageError(f"--top_k {top_k}: list at least 1 class per image")
     top_k = min(top_k, model.hparams.num_classes)
-    workers = 0
     if config["inputs"]:
         paths = find_images(config["inputs"])
-        workers = min(data.num_workers, -(-len(paths) // data.eval_batch_size))  # no idle worker processes
-        loader = DataLoader(ImageFiles(paths, model.hparams.image_shape), batch_size=data.eval_batch_size,
-                            num_workers=workers, pin_memory=trainer.strategy.root_device.type == "cuda")
+        loader = files_loader(paths, model.hparams.image_shape, data, trainer)
         names, what = [str(p) for p in paths], f"{len(paths):,} images"
     else:
         runs.check_compatible(checkpoint, model, data.name)  # the run's data set may have changed since
@@ -91,9 +88,11 @@ def run(checkpoint: runs.Checkpoint, argv: list[str]) -> dict:
     model.load_state_dict(checkpoint.contents["state_dict"])
     print(f"Predicting {what} with {checkpoint.path.name}", flush=True)
     file = CsvFile(output, overwrite=bool(config["output"]))
-    with file, cpu_threads(trainer, workers), warnings.catch_warnings():
-        # Rows are counted by the writer itself; and Lightning 2.6's own use of a torch 2.14 deprecation.
+    with file, cpu_threads(trainer, loader.num_workers if loader else 0), warnings.catch_warnings():
+        # The writer counts rows itself; the workers are chosen in files_loader; and Lightning 2.6's own use of a
+        # torch 2.14 deprecation.
         warnings.filterwarnings("ignore", "Couldn't infer the batch indices")
+        warnings.filterwarnings("ignore", r"The '\w+_dataloader' does not have many workers")
         warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
         writer = PredictionWriter(file.handle, model.class_names, top_k, names)
         trainer.callbacks.append(writer)
@@ -105,6 +104,15 @@ def run(checkpoint: runs.Checkpoint, argv: list[str]) -> dict:
             raise DataSetupError(f"none of the {writer.seen} images could be read (e.g. {first[0]}: {first[1]}); "
                                  f"nothing written")
     return report(writer, file.path, seconds, trainer)
+
+
+def files_loader(paths: list[Path], image_shape: tuple, data, trainer) -> DataLoader:
+    """Batches of `--data.eval_batch_size` files, decoded by `--data.num_workers` worker processes (all cores unless
+    told otherwise), or in this process when there is one batch only: a worker would add its start-up and no speed."""
+    batches = -(-len(paths) // data.eval_batch_size)
+    workers = min(data.num_workers, batches) if batches > 1 else 0
+    return DataLoader(ImageFiles(paths, image_shape), batch_size=data.eval_batch_size, num_workers=workers,
+                      pin_memory=trainer.strategy.root_device.type == "cuda")
 
 
 @contextmanager
@@ -248,6 +256,7 @@ class PredictionWriter(BasePredictionWriter):
     def on_predict_start(self, trainer, pl_module):
         if self.names is None:  # a split of the data module: set up by now
             self.names = split_names(trainer.datamodule, "test")
+        self.show_at = {i * len(self.names) // SHOWN for i in range(SHOWN)}
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx=0):
         probabilities, classes = prediction.topk(self.top_k, dim=1)
@@ -268,7 +277,7 @@ class PredictionWriter(BasePredictionWriter):
                 self.correct += c[0] == truths[i]
             self.csv.writerow(row)
             self.written += 1
-            if len(self.shown) < SHOWN:
+            if self.seen + i in self.show_at:
                 self.shown.append(row)
         self.seen += len(probabilities)
 
@@ -289,18 +298,17 @@ def split_names(data, split: str) -> list[str]:
 def report(writer: PredictionWriter, output: Path, seconds: float, trainer) -> dict:
     """Print a few predictions and the summary; the record of the run (for tests and sweeps)."""
     if writer.with_truth:
-        shown = writer.shown[:SHOWN]
         width = max(len(name) for name in writer.class_names)
-        print("GroundTruth: ", " ".join(f"{row[-1]:{width}s}" for row in shown))
-        print("Predicted:   ", " ".join(f"{row[1]:{width}s}" for row in shown))
+        print("GroundTruth: ", " ".join(f"{row[-1]:{width}s}" for row in writer.shown))
+        print("Predicted:   ", " ".join(f"{row[1]:{width}s}" for row in writer.shown))
     else:
-        width = min(60, max(len(row[0]) for row in writer.shown))
+        width = min(60, max((len(row[0]) for row in writer.shown), default=0))
         for row in writer.shown:
             others = ", ".join(f"{row[i]} {float(row[i + 1]):.3f}" for i in range(3, len(row) - 1, 2))
             then = f"; then {others}" if others else ""
             print(f"{row[0][-width:]:{width}s}  {row[1]} ({float(row[2]):.3f}){then}")
     if writer.written > len(writer.shown):
-        print(f"... and {writer.written - len(writer.shown):,} more in the CSV file")
+        print(f"({len(writer.shown)} of {writer.written:,} shown; all of them in the CSV file)")
     rate = writer.seen / seconds if seconds > 0 else float("nan")
     parts = [f"Predicted {writer.written:,} images in {seconds:.1f} s ({rate:,.0f} images/s, reading included) "
              f"on {app.device_description(trainer)}"]

@@ -359,6 +359,15 @@ def test_export_without_onnxruntime_says_what_to_install(in_cnn, tmp_path, monke
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_export_that_disagrees_with_the_checkpoint_is_not_written(in_cnn, tmp_path, monkeypatch, capsys):
+    from cli import export
+
+    monkeypatch.setattr(export, "TOLERANCE", -1.0)  # no file can pass: as if the exporter had changed the numbers
+    fails(["export", "--ckpt_path", "best", "--format", "torchscript", "--output", str(tmp_path / "m.pt")], capsys, 1,
+          "the torchscript export disagrees with the checkpoint", "not written")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("args, phrase", [
     (["--format", "tflite"], "--format tflite: choose one of onnx, torchscript, pt2"),
     (["--format", "pt2", "--output", "/nonexistent/m.pt2"], "--output /nonexistent/m.pt2 cannot be written"),
