@@ -147,14 +147,11 @@ def with_checkpoint_data(argv: list[str], checkpoint: runs.Checkpoint) -> list[s
     """
     hp = checkpoint.hparams
     data = {"class_path": f"{__name__}.CheckpointData",
-            "init_args": {"image_shape": list(hp["image_shape"]), "classes": list(model_classes(hp)),
+            "init_args": {"image_shape": list(hp["image_shape"]),
+                          "classes": list(hp.get("class_names") or map(str, range(hp["num_classes"]))),
                           "num_workers": cpu_count()}}  # decoding files: every core, not the run's setting
     at = after_config(argv)
     return argv[:at] + [f"--data={json.dumps(data)}"] + argv[at:]
-
-
-def model_classes(hp: dict) -> list[str]:
-    return hp.get("class_names") or [str(i) for i in range(hp["num_classes"])]
 
 
 def cpu_count() -> int:
@@ -164,20 +161,22 @@ def cpu_count() -> int:
 def find_images(inputs: list[str]) -> list[Path]:
     """The image files that --inputs names: files as given, folders searched recursively for image files (by
     extension, sorted), and globs (`**` included). Each input must match at least one image."""
-    found = []
+    found, kinds = [], " ".join(IMG_EXTENSIONS)
     for spec in inputs:
         path = Path(spec).expanduser()
         if path.is_file():
             matches = [path]  # named explicitly: tried whatever its extension, and reported if unreadable
         elif path.is_dir():
             matches = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(IMG_EXTENSIONS))
+            if not matches:
+                raise DataSetupError(f"--inputs {spec}: the folder has no image files ({kinds})")
         elif glob.has_magic(spec):
             matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True)
                              if Path(p).is_file() and p.lower().endswith(IMG_EXTENSIONS))
+            if not matches:
+                raise DataSetupError(f"--inputs {spec}: matches no image files ({kinds})")
         else:
             raise DataSetupError(f"--inputs {spec}: no such file or folder")
-        if not matches:
-            raise DataSetupError(f"--inputs {spec}: no image files ({' '.join(IMG_EXTENSIONS)}) in it")
         found += matches
     return found
 
