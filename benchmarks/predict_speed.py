@@ -7,7 +7,8 @@ CKPT: a checkpoint of train.py (a file, or a run directory: its best). DIR: a fo
 the torchvision loop (`DIR/<class>/*.jpg`). Every measurement runs in a fresh process, the contenders alternating,
 and the table shows the median over --repeats rounds with its range:
 
-- decode, 1 process: PIL open + convert + resize/crop of every file, one after another: the floor of one core.
+- decode only: PIL open + convert (+ resize and crop where the size differs) of every file as predict decodes it,
+  one after another in one process, and by a DataLoader with a worker process per core (no network).
 - train.py predict: `python train.py predict --ckpt_path CKPT --inputs DIR`; the time it reports itself (from the
   start of `trainer.predict` to the last CSV row: worker start-up, decoding, the network, writing), and the whole
   process (Python, torch and Lightning start-up too).
@@ -44,8 +45,10 @@ def checkpoint_file(spec: str) -> Path:
     return runs.find_checkpoint(spec, Path("lightning_logs").resolve()).path
 
 
-def decode_only(images: Path, shape: tuple) -> dict:
-    """Every file decoded as predict decodes it, in this one process."""
+def decode_only(images: Path, shape: tuple, batch_size: int, workers: int) -> dict:
+    """Every file decoded as predict decodes it, and nothing else: one after another in this process (workers 0),
+    or by a DataLoader's worker processes into batches, as predict reads them."""
+    from torch.utils.data import DataLoader
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     from lit_models.preprocessing import ImageFiles
@@ -53,8 +56,12 @@ def decode_only(images: Path, shape: tuple) -> dict:
     paths = sorted(p for p in images.rglob("*") if p.name.lower().endswith(IMG_EXTENSIONS))
     files = ImageFiles(paths, shape)
     start = time.perf_counter()
-    for i in range(len(files)):
-        files[i]
+    if workers == 0:
+        for i in range(len(files)):
+            files[i]
+    else:
+        for _ in DataLoader(files, batch_size=batch_size, num_workers=workers):
+            pass
     return {"images": len(paths), "seconds": time.perf_counter() - start}
 
 
@@ -124,17 +131,21 @@ def main() -> None:
         import torch
 
         shape = tuple(torch.load(checkpoint, weights_only=True, map_location="cpu")["hyper_parameters"]["image_shape"])
-        result = decode_only(args.images, shape) if args._one == "decode" else \
-            torchvision_loop(checkpoint, args.images, args.batch_size, cores())
+        if args._one == "torchvision":
+            result = torchvision_loop(checkpoint, args.images, args.batch_size, cores())
+        else:
+            result = decode_only(args.images, shape, args.batch_size, 0 if args._one == "decode" else cores())
         print(json.dumps(result))
         return
-    rates = {"decode, 1 process": [], "train.py predict": [], "train.py predict, whole process": [],
-             "torchvision ImageFolder + DataLoader": []}
+    rates = {"decode only, 1 process": [], f"decode only, DataLoader with {cores()} workers": [],
+             "train.py predict": [], "train.py predict, whole process": [], "torchvision ImageFolder + DataLoader": []}
     agree = None
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
             decoded = in_fresh_process("decode", args)
-            rates["decode, 1 process"].append(decoded["images"] / decoded["seconds"])
+            rates["decode only, 1 process"].append(decoded["images"] / decoded["seconds"])
+            loaded = in_fresh_process("decode_loader", args)
+            rates[f"decode only, DataLoader with {cores()} workers"].append(loaded["images"] / loaded["seconds"])
             ours = train_py_predict(checkpoint, args.images, args.batch_size, Path(tmp, "p.csv"))
             rates["train.py predict"].append(ours["images"] / ours["seconds"])
             rates["train.py predict, whole process"].append(ours["images"] / ours["process_seconds"])
