@@ -315,7 +315,7 @@ def report(writer: PredictionWriter, output: Path, seconds: float, trainer) -> d
     if accuracy is not None:
         parts.append(f"accuracy {accuracy:.4f} ({writer.correct:,} of {writer.written:,} right)")
     if writer.failures:
-        parts.append(f"{len(writer.failures):,} unreadable files skipped")
+        parts.append(f"{len(writer.failures):,} unreadable file{'s' if len(writer.failures) > 1 else ''} skipped")
     print("; ".join(parts) + f"; wrote {output}")
     return {"stage": "predict", "output": str(output), "images": writer.written, "unreadable": len(writer.failures),
             "seconds": round(seconds, 3), "images_per_second": round(rate, 1), "accuracy": accuracy,
