@@ -1,7 +1,7 @@
 """Predict throughput on a folder of image files, decoding included: `train.py predict` against a plain torchvision
 `ImageFolder` + `DataLoader` loop running the same network, and against decoding the files alone.
 
-    python benchmarks/predict_speed.py --checkpoint CKPT --images DIR [--repeats 3] [--batch_size 1000]
+    python benchmarks/predict_speed.py --checkpoint CKPT --images DIR [--repeats 3] [--batch_size 256]
 
 CKPT: a checkpoint of train.py (a file, or a run directory: its best). DIR: a folder of images, in class folders for
 the torchvision loop (`DIR/<class>/*.jpg`). Every measurement runs in a fresh process, the contenders alternating,
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="a train.py checkpoint, or a run directory")
     parser.add_argument("--images", required=True, type=Path, help="a folder of image files in class folders")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three measurements")
-    parser.add_argument("--batch_size", type=int, default=1000, help="images per batch, for both loops")
+    parser.add_argument("--batch_size", type=int, default=256, help="images per batch, for all (predict's default)")
     parser.add_argument("--_one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     checkpoint = checkpoint_file(args.checkpoint)

@@ -146,10 +146,12 @@ def with_checkpoint_data(argv: list[str], checkpoint: runs.Checkpoint) -> list[s
     next) and the user's own --data.eval_batch_size / --data.num_workers still apply.
     """
     hp = checkpoint.hparams
+    classes = list(hp.get("class_names") or map(str, range(hp["num_classes"])))
+    # Decoding files: every core, not the run's setting; and batches of 256, not the run's evaluation batches of
+    # 1000 on the device: the first arrives sooner, and on a CPU the CNN ran 1.5x faster at 128-256 (cache-sized).
     data = {"class_path": f"{__name__}.CheckpointData",
-            "init_args": {"image_shape": list(hp["image_shape"]),
-                          "classes": list(hp.get("class_names") or map(str, range(hp["num_classes"]))),
-                          "num_workers": cpu_count()}}  # decoding files: every core, not the run's setting
+            "init_args": {"image_shape": list(hp["image_shape"]), "classes": classes, "num_workers": cpu_count(),
+                          "eval_batch_size": 256}}
     at = after_config(argv)
     return argv[:at] + [f"--data={json.dumps(data)}"] + argv[at:]
 

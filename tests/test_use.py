@@ -154,8 +154,9 @@ def test_validate_reproduces_the_best_epochs_val_acc(in_mlp, capsys):
 
 def test_predict_a_folder_of_mixed_images_gives_the_labels_of_the_data_module(in_cnn, tmp_path, capsys):
     out = tmp_path / "p.csv"
+    # Batches of 16: three, decoded by worker processes.
     assert run_inprocess(["predict", "--ckpt_path", str(in_cnn.run), "--inputs", str(in_cnn.root / "test"),
-                          "--output", str(out), "--top_k", "2"]) == 0
+                          "--output", str(out), "--top_k", "2", "--data.eval_batch_size=16"]) == 0
     rows = read_csv(out)
     assert list(rows[0]) == ["path", "label", "probability", "top2", "top2_probability"]
     # The same files through the data module the model was trained with, classified by the model itself.
@@ -234,7 +235,7 @@ def test_an_unreadable_image_is_named_skipped_and_counted(in_cnn, tmp_path, caps
     (folder / "text.jpg").write_text("not a JPEG")
     out = tmp_path / "p.csv"
     assert run_inprocess(["predict", "--ckpt_path", str(in_cnn.best), "--inputs", str(folder), "--output",
-                          str(out)]) == 0
+                          str(out), "--data.eval_batch_size=4"]) == 0  # the errors come from worker processes
     captured = capsys.readouterr()
     assert "skipped" in captured.err and "truncated.png" in captured.err and "text.jpg" in captured.err
     assert "2 unreadable files skipped" in captured.out
