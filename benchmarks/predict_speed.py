@@ -102,7 +102,8 @@ def train_py_predict(checkpoint: Path, images: Path, batch_size: int, output: Pa
     if done.returncode != 0:
         sys.exit(f"train.py predict failed:\n{done.stderr[-3000:]}")
     line = re.search(r"Predicted ([\d,]+) images in ([\d.]+) s", done.stdout)
-    return {"images": int(line.group(1).replace(",", "")), "seconds": float(line.group(2)), "process_seconds": wall}
+    images, seconds = int(line.group(1).replace(",", "")), float(line.group(2))
+    return {"images": images, "seconds": seconds, "process_seconds": wall}
 
 
 def in_fresh_process(what: str, args: argparse.Namespace) -> dict:

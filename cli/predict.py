@@ -311,7 +311,7 @@ def report(writer: PredictionWriter, output: Path, seconds: float, trainer) -> d
     if writer.written > len(writer.shown):
         print(f"({len(writer.shown)} of {writer.written:,} shown; all of them in the CSV file)")
     rate = writer.seen / seconds if seconds > 0 else float("nan")
-    parts = [f"Predicted {writer.written:,} images in {seconds:.1f} s ({rate:,.0f} images/s, reading included) "
+    parts = [f"Predicted {writer.written:,} images in {seconds:.2f} s ({rate:,.0f} images/s, reading included) "
              f"on {app.device_description(trainer)}"]
     accuracy = writer.correct / writer.written if writer.with_truth and writer.written else None
     if accuracy is not None:
