@@ -112,7 +112,7 @@ def files_loader(paths: list[Path], image_shape: tuple, data, trainer) -> DataLo
     batches = -(-len(paths) // data.eval_batch_size)
     workers = min(data.num_workers, batches) if batches > 1 else 0
     return DataLoader(ImageFiles(paths, image_shape), batch_size=data.eval_batch_size, num_workers=workers,
-                      pin_memory=trainer.strategy.root_device.type == "cuda")
+                      collate_fn=ImageFiles.collate, pin_memory=trainer.strategy.root_device.type == "cuda")
 
 
 @contextmanager
@@ -238,7 +238,7 @@ class PredictionWriter(BasePredictionWriter):
     """CSV rows for each batch as Lightning's predict loop produces it: `path,label,probability`, the next
     top-k classes and their probabilities, and `true_label` when predicting a labelled split.
 
-    Batches of files are `(uint8 images, errors)`: a file that could not be read is skipped and counted.
+    Batches of files are `(uint8 images, {index: error})`: a file that could not be read is skipped and counted.
     Batches of a data set's split are `(images, labels)`.
     """
 
@@ -266,7 +266,7 @@ class PredictionWriter(BasePredictionWriter):
         truths = batch[1].cpu().tolist() if self.with_truth else None
         for i, (p, c) in enumerate(zip(probabilities, classes)):
             name = self.names[self.seen + i]
-            if not self.with_truth and batch[1][i]:
+            if not self.with_truth and i in batch[1]:
                 self.failures.append((name, batch[1][i]))
                 if len(self.failures) <= NAMED_FAILURES:
                     print(f"train.py: skipped {name}: cannot read it ({batch[1][i]})", file=sys.stderr)

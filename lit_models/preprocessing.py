@@ -63,7 +63,8 @@ class ImageFiles(Dataset):
     """Image files as the model's uint8 input (C, H, W), through `fit_image`, for a DataLoader's worker processes.
 
     An item is `(image, error)`: a file that cannot be read gives a blank image and the reason, so that one
-    broken file among thousands does not stop the others; the caller skips and reports it.
+    broken file among thousands does not stop the others; the caller skips and reports it. `collate` makes a
+    batch `(images, {index in the batch: error})`.
     """
 
     def __init__(self, paths: list[Path], image_shape: tuple[int, int, int]):
@@ -79,3 +80,9 @@ class ImageFiles(Dataset):
         except Exception as e:  # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
             return torch.zeros(self.image_shape, dtype=torch.uint8), f"{type(e).__name__}: {e}"
         return torch.from_numpy(array.copy()), ""  # PIL's array is read-only
+
+    @staticmethod
+    def collate(items: list[tuple[torch.Tensor, str]]) -> tuple[torch.Tensor, dict[int, str]]:
+        """A batch of items, its errors as a dict of the few that failed: Lightning moves a batch to the device
+        by walking it, and a tuple of a string per image cost more than the network's normalisation."""
+        return torch.stack([image for image, _ in items]), {i: error for i, (_, error) in enumerate(items) if error}
