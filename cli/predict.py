@@ -301,8 +301,8 @@ def report(writer: PredictionWriter, output: Path, seconds: float, trainer) -> d
     """Print a few predictions and the summary; the record of the run (for tests and sweeps)."""
     if writer.with_truth:
         width = max(len(name) for name in writer.class_names)
-        print("GroundTruth: ", " ".join(f"{row[-1]:{width}s}" for row in writer.shown))
-        print("Predicted:   ", " ".join(f"{row[1]:{width}s}" for row in writer.shown))
+        print("GroundTruth:  " + " ".join(f"{row[-1]:{width}s}" for row in writer.shown).rstrip())
+        print("Predicted:    " + " ".join(f"{row[1]:{width}s}" for row in writer.shown).rstrip())
     else:
         width = min(60, max((len(row[0]) for row in writer.shown), default=0))
         for row in writer.shown:
