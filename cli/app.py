@@ -119,13 +119,19 @@ class TrainCLI(LightningCLI):
                                  "checkpoint file; test/validate/predict/export: the checkpoint to use, or 'best'/"
                                  "'last' of the newest run, or a run directory (its best)")
         if self.stage == "predict":
-            parser.add_argument("--inputs", type=Optional[list[str]], default=None,
-                                help="image files, folders (searched recursively) or globs; none: the test split")
-            parser.add_argument("--output", type=Optional[str], default=None, help="the CSV file to write")
-            parser.add_argument("--top_k", type=int, default=3, help="classes listed per image")
+            # nargs: `--inputs a.jpg photos/ 'scans/*.png'`, as a shell's glob expansion hands them over.
+            parser.add_argument("--inputs", type=str, nargs="+", default=None,
+                                help="image files, folders (searched recursively) or globs; none: the test split "
+                                     "of the checkpoint's data set, with its true labels")
+            parser.add_argument("--output", type=Optional[str], default=None,
+                                help="the CSV file to write (replaced if it exists); default: a new "
+                                     "predictions-<time>.csv in the checkpoint's run directory")
+            parser.add_argument("--top_k", type=int, default=3, help="classes listed per image, most likely first")
         if self.stage == "export":
             parser.add_argument("--format", type=str, default="onnx", help="onnx, torchscript or pt2")
-            parser.add_argument("--output", type=Optional[str], default=None, help="the file to write")
+            parser.add_argument("--output", type=Optional[str], default=None,
+                                help="the file to write (replaced if it exists); default: a new file in the "
+                                     "checkpoint's run directory, named after the checkpoint")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         super().parse_arguments(parser, args)
