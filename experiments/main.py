@@ -1,0 +1,362 @@
+"""`python sweep.py [sweep options] TRAIN.PY OPTIONS`: many train.py command lines as one Optuna study.
+
+    python sweep.py --model mlp --data fashion_mnist --space configs/sweeps/mlp.yaml --trials 24 --parallel 2
+    python sweep.py --model cnn --grid "model.optimizer.lr=0.02,0.05,0.1" --seeds 3
+    python sweep.py --model mlp --seeds 5                     # one setting, five seeds: mean ± std
+    python sweep.py ... --storage /shared/sweeps/lr.journal   # several machines fill one study
+
+Every option that is not the sweep's own is train.py's: a trial is that command line plus the trial's
+settings and `--seed_everything`, and `python train.py` with them runs it again exactly. The study, one
+TensorBoard run per trial, summary.csv and best.yaml go to `lightning_logs/sweeps/NAME/`; the same command
+again continues the study. The pieces: space.py (what varies), study.py (the Optuna study and which trial
+runs what), pool.py and worker.py (the processes that run trials), summary.py (what is reported).
+"""
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from experiments import study as studies
+from experiments.pool import Pool
+from experiments.space import Plan, SpaceError, load_space, override, parse_grid, short_names
+from experiments.summary import report, setting_text
+
+USAGE = ("sweep.py [--space FILE --trials N | --grid KEY=V1,V2,...] [--seeds N] [--name NAME] [--storage URL] "
+         "[--parallel N | --per_gpu K] TRAIN.PY-OPTIONS")
+DEFAULT_TRIALS = 20
+SIGNAL_NAMES = {signal.SIGINT: ("Ctrl-C", 130), signal.SIGTERM: ("SIGTERM", 143)}
+
+
+class SweepError(Exception):
+    """What stops a sweep that a user can fix: one line, and train.py's exit codes (2: the command line)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+class Interrupted(Exception):
+    """A signal arrived before any trial ran."""
+
+
+def parse_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The sweep's own options, and the rest: the train.py command line every trial runs."""
+    parser = argparse.ArgumentParser(prog="sweep.py", usage=USAGE, allow_abbrev=False,
+                                     description="Run many train.py command lines as one Optuna study.",
+                                     epilog="All other options are train.py's (python train.py --help).")
+    parser.add_argument("--space", type=Path, help="a YAML search space over train.py options (configs/sweeps/)")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="run every combination of these values (repeat for more options)")
+    parser.add_argument("--trials", type=int, help=f"settings to sample from --space (default {DEFAULT_TRIALS}); "
+                                                   f"the same command again continues up to this many")
+    parser.add_argument("--seeds", type=int, default=1, help="run every setting with this many seeds: "
+                                                             "--seed_everything S, S+1, ... (default 1)")
+    parser.add_argument("--name", help="the study's name (default: derived from the command)")
+    parser.add_argument("--storage", help="an Optuna storage: an RDB URL (sqlite:///, postgresql://, mysql://) or a "
+                                          "journal file's path (default: sqlite in the sweep's folder)")
+    parser.add_argument("--parallel", type=int, help="trials run at once on this machine (default 1); on CPUs "
+                                                     "each gets cores/N threads, on GPUs they are spread over them")
+    parser.add_argument("--per_gpu", type=int, help="trials at once on each visible GPU")
+    opts, rest = parser.parse_known_args(argv)
+    for option in ("trials", "seeds", "parallel", "per_gpu"):
+        value = getattr(opts, option)
+        if value is not None and value < 1:
+            raise SweepError(f"--{option} {value}: it must be at least 1")
+    if opts.space and opts.grid:
+        raise SweepError("--space and --grid: choose one (a space is sampled, a grid is run whole)")
+    if opts.trials is not None and not opts.space:
+        raise SweepError("--trials is the number of settings to sample from --space; a grid runs all of its own")
+    if opts.parallel and opts.per_gpu:
+        raise SweepError("--parallel and --per_gpu: choose one")
+    if opts.name is not None and not re.fullmatch(r"[\w.-]+", opts.name):
+        raise SweepError(f"--name {opts.name!r}: use letters, digits, '.', '-' and '_' (it names a folder)")
+    return opts, rest
+
+
+def make_plan(opts) -> Plan:
+    try:
+        if opts.space:
+            return Plan(load_space(opts.space), grid=False, seeds=opts.seeds)
+        return Plan(parse_grid(opts.grid), grid=True, seeds=opts.seeds)
+    except SpaceError as e:
+        raise SweepError(str(e)) from None
+
+
+def check_variants(plan: Plan, train_argv: list[str]) -> list[tuple[list[str], str | None]]:
+    """Command lines train.py must accept before anything runs: the command with every param at its first
+    value, then each other extreme of each param alone (which one failed is named in the error)."""
+    first = [override(p.key, p.extremes()[0]) for p in plan.params]
+    variants = [(train_argv + first, None)]
+    for p in plan.params:
+        variants += [(train_argv + [override(p.key, v)], override(p.key, v)) for v in p.extremes()[1:]]
+    return variants
+
+
+def default_name(info: dict, opts, plan: Plan, train_argv: list[str]) -> str:
+    """`<model>-<data>-<what varies>-<hash of the command and plan>`: the same command continues its study."""
+    label = opts.space.stem if opts.space else "_".join(short_names([p.key for p in plan.params]).values())
+    label = re.sub(r"[^\w.-]+", "_", label) or f"seeds{plan.seeds}"
+    digest = hashlib.sha1(json.dumps([train_argv, plan.canonical()]).encode()).hexdigest()[:6]
+    return f"{info['model']}-{info['data']}-{label}-{digest}"
+
+
+def lock_sqlite(spec: str):
+    """An SQLite study serves one sweep process (with its workers): a second one on it is refused."""
+    if not spec.startswith("sqlite:///"):
+        return None
+    path = Path(spec[len("sqlite:///"):])
+    handle = open(path.with_name(path.name + ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise SweepError(f"another sweep.py is running the study in {path}. SQLite serves one sweep process at a "
+                         f"time (its --parallel workers included); for several, give each --storage with a journal "
+                         f"file (a path) or a database server (postgresql://...)") from None
+    return handle
+
+
+class Sweep:
+    """One sweep process: checks the command, opens the study, hands trials to workers, reports."""
+
+    def __init__(self, opts, plan: Plan, train_argv: list[str]):
+        self.opts, self.plan, self.train_argv = opts, plan, train_argv
+        self.keys = [p.key for p in plan.params]
+        self.names = short_names(self.keys)
+        self.pool = Pool()
+        self.signals: list[int] = []
+        self.study = None
+
+    # --- before any trial ----------------------------------------------------------------------------
+
+    def wait_for(self, worker) -> dict:
+        """The reply of `worker` to its request; Interrupted on a signal."""
+        while True:
+            for w, reply in self.pool.wait(0.5):
+                if w is worker:
+                    w.job = None
+                    if reply is None:
+                        raise SweepError(f"{w.exit_reason()} while checking the trial command line", 1)
+                    return reply
+            if self.signals:
+                raise Interrupted
+
+    def check(self) -> dict:
+        """train.py's verdict on the trial command line (every param's extremes), from a worker."""
+        variants = check_variants(self.plan, self.train_argv)
+        worker = self.pool.workers[0]
+        self.pool.request(worker, ("check", [argv for argv, _ in variants]), {})
+        info = self.wait_for(worker)
+        if info.get("error"):
+            label = variants[info["variant"]][1]
+            where = f" with {label}" if label else ""
+            raise SweepError(f"the trial command line{where} is not valid for train.py: {info['error']}", info["code"])
+        if self.plan.seeds > 1 and (isinstance(info["seed"], bool) or not isinstance(info["seed"], int)):
+            raise SweepError("--seeds needs an integer --seed_everything to count from")
+        if self.opts.per_gpu and not info["gpus"]:
+            raise SweepError("--per_gpu: train.py sees no GPU here (use --parallel on CPUs)")
+        return info
+
+    def open(self, info: dict) -> None:
+        opts, plan = self.opts, self.plan
+        self.name = opts.name or default_name(info, opts, plan, self.train_argv)
+        self.dir = (Path(info["save_dir"]) / "sweeps" / self.name).resolve()
+        self.storage_spec = opts.storage or f"sqlite:///{self.dir / 'study.db'}"
+        if not opts.storage:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        storage = studies.open_storage(self.storage_spec)
+        self.lock = lock_sqlite(self.storage_spec)
+
+        def no_earlier_trials():
+            if (self.dir / "trials").is_dir() and any((self.dir / "trials").iterdir()):
+                raise studies.StudyError(f"{self.dir} holds the trials of an earlier study that is not in "
+                                         f"{self.storage_spec}; delete that folder or choose another --name")
+
+        seeds = [info["seed"] + i for i in range(plan.seeds)] if plan.seeds > 1 else [info["seed"]]
+        self.study = studies.open_study(storage, self.name, plan.describe(), plan.canonical(),
+                                        {"seeds": seeds, "command": self.train_argv}, no_earlier_trials)
+        self.seeds = self.study.user_attrs.get("seeds", seeds)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.info = info
+        self.points = plan.points() if plan.grid else None
+        self.settings = len(self.points) if plan.grid else (opts.trials or DEFAULT_TRIALS)
+
+    # --- handing out trials ----------------------------------------------------------------------------
+
+    def next_job(self, worker, threads: int) -> dict | None:
+        """Take the next trial for `worker` (see study.py for the rules), or None if there is none."""
+        study, plan = self.study, self.plan
+        while True:
+            if not studies.work_left(study.get_trials(deepcopy=False), plan.grid, self.settings):
+                return None
+            trial = studies.ask(study)
+            reason = studies.claim(study.get_trials(deepcopy=False), trial, plan.grid, self.settings)
+            if reason is not None:
+                trial.set_user_attr("surplus", reason)
+                study.tell(trial, state=studies.TrialState.FAIL)
+                continue
+            attrs = dict(trial.user_attrs)
+            if "setting" not in attrs:  # a new setting, sampled with a sampler seeded by the trial's number
+                study.sampler = studies.sampler_for(self.name, trial.number)
+                attrs.update(setting=trial.number, seed_index=0, seed=self.seeds[0])
+            params = {p.key: suggest(trial, p) for p in plan.params}
+            return self.job(trial, params, attrs, worker, threads)
+
+    def job(self, trial, params: dict, attrs: dict, worker, threads: int) -> dict:
+        n = trial.number
+        overrides = [override(k, v) for k, v in params.items()]
+        command = [*self.train_argv, *overrides, f"--seed_everything={attrs['seed']}"]
+        attrs.update(overrides=overrides, command=shlex.join(["python", "train.py", *command]),
+                     worker=f"{socket.gethostname()}:{worker.pid}")
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        # Where the trial writes, and no progress bar in its log: bookkeeping, not part of what it trains.
+        argv = [*command, f"--trainer.logger.init_args.save_dir={self.dir}", "--trainer.logger.init_args.name=trials",
+                f"--trainer.logger.init_args.version=trial_{n:04d}", "--trainer.enable_progress_bar=false"]
+        if self.info["gpus"]:
+            argv.append(f"--trainer.devices=[{worker.index % self.info['gpus']}]")
+        return {"trial_id": trial._trial_id, "number": n, "argv": argv, "threads": threads,
+                "prune": not self.plan.grid and attrs["seed_index"] == 0, "log": str(self.dir / "logs" / f"trial_{n:04d}.log"),
+                "storage": self.storage_spec, "study": self.name, "settings": self.settings, "params": params,
+                "seed": attrs["seed"], "seed_index": attrs["seed_index"]}
+
+    def workers_wanted(self) -> int:
+        trials = self.study.get_trials(deepcopy=False)
+        waiting = sum(t.state == studies.TrialState.WAITING for t in trials)
+        new = 0 if self.plan.grid else max(0, self.settings - sum(studies.fresh(t) for t in trials))
+        n = self.opts.per_gpu * self.info["gpus"] if self.opts.per_gpu else (self.opts.parallel or 1)
+        return max(1, min(n, waiting + new * self.plan.seeds))
+
+    def run(self) -> int:
+        """Run trials until the study has all it needs; the exit code."""
+        study = self.study
+        gone = studies.recover(study)
+        if gone:
+            print(f"{'Trials' if len(gone) > 1 else 'Trial'} {', '.join(map(str, gone))} "
+                  f"{'were' if len(gone) > 1 else 'was'} running when an earlier sweep stopped: run again.")
+        studies.enqueue_missing(study, self.points, self.seeds)
+        if not studies.work_left(study.get_trials(deepcopy=False), self.plan.grid, self.settings):
+            print(f"Nothing to run: the study {self.name} has all its trials.")
+            return 0
+        n = self.workers_wanted()
+        threads = max(1, len(os.sched_getaffinity(0)) // n)
+        self.pool.start(n - len(self.pool.workers))
+        devices = f"{self.info['gpus']} GPU(s)" if self.info["gpus"] else f"{threads} CPU thread(s) each"
+        print(f"Sweep {self.name} ({self.plan.describe()}): {n} worker(s), {devices}; study in "
+              f"{self.storage_spec}; trial logs in {self.dir / 'logs'}", flush=True)
+        stopping, fatal, crashes, last_recover = None, None, 0, time.monotonic()
+        while True:
+            if stopping is None:
+                for w in self.pool.idle():
+                    job = self.next_job(w, threads)
+                    if job is None:
+                        break
+                    self.pool.request(w, ("trial", job), job)
+            if not self.pool.busy():
+                break
+            for w, reply in self.pool.wait(1.0):
+                job, w.job = w.job, None
+                if reply is None:
+                    if job:
+                        crashes += 1
+                        reason = w.exit_reason()
+                        key = "interrupted" if stopping else "error"
+                        studies.mark(study, job["number"], key, f"{reason} while running it")
+                        self.progress(job, {"state": "interrupted" if stopping else "failed", "error": reason})
+                    if stopping is None:
+                        if crashes >= 3:
+                            fatal = (f"{crashes} trials in a row ended with their worker process ({reason}); "
+                                     f"see {self.dir / 'logs'}", 1)
+                            stopping = "error"
+                            self.pool.signal(signal.SIGTERM)
+                        else:
+                            self.pool.start()
+                    continue
+                crashes = 0
+                self.progress(job, reply)
+                if reply.get("fatal") and stopping is None:
+                    fatal = (f"trial {job['number']}'s command line is not valid for train.py: {reply['error']}", 2)
+                    stopping = "error"
+                    self.pool.signal(signal.SIGTERM)
+                elif reply["state"] in ("complete", "interrupted") and stopping is None:
+                    studies.enqueue_missing(study, self.points, self.seeds)  # more seeds, or the slot again
+            if self.signals and stopping is None:
+                stopping = self.signals[0]
+                print(f"\nStopping: the running trials stop after their current step and are run again by the "
+                      f"same command ({SIGNAL_NAMES[stopping][0]} again stops at once) ...", file=sys.stderr, flush=True)
+                self.pool.signal(signal.SIGTERM)
+            elif len(self.signals) > 1 and stopping is not None:
+                for w in self.pool.busy():
+                    w.process.kill()
+            if time.monotonic() - last_recover > studies.GRACE_S:  # machines elsewhere that died
+                last_recover = time.monotonic()
+                if studies.recover(study):
+                    studies.enqueue_missing(study, self.points, self.seeds)
+        self.pool.close()
+        print()
+        print(report(study, self.keys, self.dir, self.info["plumbing"], self.name))
+        if fatal:
+            raise SweepError(*fatal)
+        if stopping is not None:
+            name, code = SIGNAL_NAMES[stopping]
+            print(f"sweep.py: stopped by {name}; the same command continues the study.", file=sys.stderr)
+            return code
+        return 0
+
+    def progress(self, job: dict, reply: dict) -> None:
+        what = f"trial {job['number']} ({setting_text(job['params'], self.names)}, seed {job['seed']})"
+        state, results = reply["state"], reply.get("results") or {}
+        if state == "complete":
+            detail = (f"val/acc_best {results['val/acc_best']:.4f} after {results['epochs']} epochs, "
+                      f"fit {results['fit_seconds']:.1f} s")
+        elif state == "pruned":
+            detail = f"pruned after epoch {reply['pruned_epoch'] + 1} (val/acc_best {results['val/acc_best']:.4f})"
+        else:
+            detail = f"{state}: {reply.get('error')}"
+        print(f"{what}: {detail}", flush=True)
+
+
+def suggest(trial, p):
+    """The trial's value of `p`: sampled, or the enqueued one (Optuna's suggest returns fixed values)."""
+    if p.kind == "float":
+        return trial.suggest_float(p.key, p.low, p.high, log=p.log, step=p.step)
+    if p.kind == "int":
+        return trial.suggest_int(p.key, int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
+    return trial.suggest_categorical(p.key, list(p.choices))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sweep = None
+    try:
+        opts, train_argv = parse_options(argv)
+        plan = make_plan(opts)
+        sweep = Sweep(opts, plan, train_argv)
+        for signum in SIGNAL_NAMES:  # a flag only: the loop stops the workers' trials, then reports
+            signal.signal(signum, lambda signum, frame: sweep.signals.append(signum))
+        sweep.pool.start(1)  # its imports overlap the rest of the checks
+        info = sweep.check()
+        sweep.open(info)
+        return sweep.run()
+    except SweepError as e:
+        print(f"sweep.py: error: {e}", file=sys.stderr)
+        return e.code
+    except studies.StudyError as e:
+        print(f"sweep.py: error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted:
+        name, code = SIGNAL_NAMES[sweep.signals[0]]
+        print(f"sweep.py: stopped by {name} before any trial ran", file=sys.stderr)
+        return code
+    finally:
+        if sweep is not None:
+            sweep.pool.close()
