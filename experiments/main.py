@@ -28,7 +28,7 @@ from pathlib import Path
 from experiments import study as studies
 from experiments.pool import Pool
 from experiments.space import Plan, SpaceError, load_space, override, parse_grid, short_names
-from experiments.summary import report, setting_text
+from experiments.summary import report, setting_text, shown_path
 
 USAGE = ("sweep.py [--space FILE --trials N | --grid KEY=V1,V2,...] [--seeds N] [--name NAME] [--storage URL] "
          "[--parallel N | --per_gpu K] TRAIN.PY-OPTIONS")
@@ -63,8 +63,9 @@ def parse_options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--name", help="the study's name (default: derived from the command)")
     parser.add_argument("--storage", help="an Optuna storage: an RDB URL (sqlite:///, postgresql://, mysql://) or a "
                                           "journal file's path (default: sqlite in the sweep's folder)")
-    parser.add_argument("--parallel", type=int, help="trials run at once on this machine (default 1); on CPUs "
-                                                     "each gets cores/N threads, on GPUs they are spread over them")
+    parser.add_argument("--parallel", type=int, help="trials run at once on this machine (default: 1, or one per "
+                                                     "GPU); on CPUs each gets cores/N threads, on GPUs they are "
+                                                     "spread over them")
     parser.add_argument("--per_gpu", type=int, help="trials at once on each visible GPU")
     opts, rest = parser.parse_known_args(argv)
     for option in ("trials", "seeds", "parallel", "per_gpu"):
@@ -166,26 +167,34 @@ class Sweep:
             raise SweepError("--per_gpu: train.py sees no GPU here (use --parallel on CPUs)")
         return info
 
+    def open_early(self) -> None:
+        """A --storage given, and a --name: both checked before anything else, and nothing is written."""
+        self.storage = studies.open_storage(self.opts.storage) if self.opts.storage else None
+        if self.storage is not None and self.opts.name:
+            studies.existing_study(self.storage, self.opts.name, self.plan)
+
     def open(self, info: dict) -> None:
+        """The study (created if new) and the sweep's folder."""
         opts, plan = self.opts, self.plan
         self.name = opts.name or default_name(info, opts, plan, self.train_argv)
         self.dir = (Path(info["save_dir"]) / "sweeps" / self.name).resolve()
         self.storage_spec = opts.storage or f"sqlite:///{self.dir / 'study.db'}"
-        if not opts.storage:
+        if self.storage is None:
             self.dir.mkdir(parents=True, exist_ok=True)
-        storage = studies.open_storage(self.storage_spec)
+            self.storage = studies.open_storage(self.storage_spec)
         self.lock = lock_sqlite(self.storage_spec)
-
-        def no_earlier_trials():
-            if (self.dir / "trials").is_dir() and any((self.dir / "trials").iterdir()):
-                raise studies.StudyError(f"{self.dir} holds the trials of an earlier study that is not in "
-                                         f"{self.storage_spec}; delete that folder or choose another --name")
-
+        study = studies.existing_study(self.storage, self.name, plan)
         seeds = [info["seed"] + i for i in range(plan.seeds)] if plan.seeds > 1 else [info["seed"]]
-        self.study = studies.open_study(storage, self.name, plan.describe(), plan.canonical(),
-                                        {"seeds": seeds, "command": self.train_argv}, no_earlier_trials)
-        self.seeds = self.study.user_attrs.get("seeds", seeds)
-        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        if study is None:
+            trials = self.dir / "trials"
+            if trials.is_dir() and any(trials.iterdir()):
+                raise SweepError(f"{shown_path(self.dir)} holds the trials of an earlier study that is not in "
+                                 f"{self.storage_spec}; delete that folder or choose another --name")
+            study = studies.create_study(self.storage, self.name, plan, {"seeds": seeds, "command": self.train_argv})
+        self.study = study
+        self.seeds = study.user_attrs.get("seeds", seeds)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
         self.info = info
         self.points = plan.points() if plan.grid else None
         self.settings = len(self.points) if plan.grid else (opts.trials or DEFAULT_TRIALS)
@@ -214,8 +223,10 @@ class Sweep:
     def job(self, trial, params: dict, attrs: dict, worker, threads: int) -> dict:
         n = trial.number
         overrides = [override(k, v) for k, v in params.items()]
-        command = [*self.train_argv, *overrides, f"--seed_everything={attrs['seed']}"]
-        attrs.update(overrides=overrides, command=shlex.join(["python", "train.py", *command]),
+        command = [*self.train_argv, *overrides, override("seed_everything", attrs["seed"])]
+        # On a CPU, float sums depend on the number of threads: the trial's command says how many it had.
+        threads_env = [] if self.info["gpus"] else [f"OMP_NUM_THREADS={threads}"]
+        attrs.update(overrides=overrides, command=shlex.join([*threads_env, "python", "train.py", *command]),
                      worker=f"{socket.gethostname()}:{worker.pid}")
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
@@ -225,7 +236,8 @@ class Sweep:
         if self.info["gpus"]:
             argv.append(f"--trainer.devices=[{worker.index % self.info['gpus']}]")
         return {"trial_id": trial._trial_id, "number": n, "argv": argv, "threads": threads,
-                "prune": not self.plan.grid and attrs["seed_index"] == 0, "log": str(self.dir / "logs" / f"trial_{n:04d}.log"),
+                "prune": not self.plan.grid and attrs["seed_index"] == 0,
+                "log": str(self.dir / "logs" / f"trial_{n:04d}.log"),
                 "storage": self.storage_spec, "study": self.name, "settings": self.settings, "params": params,
                 "seed": attrs["seed"], "seed_index": attrs["seed_index"]}
 
@@ -233,7 +245,8 @@ class Sweep:
         trials = self.study.get_trials(deepcopy=False)
         waiting = sum(t.state == studies.TrialState.WAITING for t in trials)
         new = 0 if self.plan.grid else max(0, self.settings - sum(studies.fresh(t) for t in trials))
-        n = self.opts.per_gpu * self.info["gpus"] if self.opts.per_gpu else (self.opts.parallel or 1)
+        gpus = self.info["gpus"]
+        n = self.opts.per_gpu * gpus if self.opts.per_gpu else (self.opts.parallel or gpus or 1)
         return max(1, min(n, waiting + new * self.plan.seeds))
 
     def run(self) -> int:
@@ -246,13 +259,14 @@ class Sweep:
         studies.enqueue_missing(study, self.points, self.seeds)
         if not studies.work_left(study.get_trials(deepcopy=False), self.plan.grid, self.settings):
             print(f"Nothing to run: the study {self.name} has all its trials.")
-            return 0
+            return self.finish(None, None)
         n = self.workers_wanted()
-        threads = max(1, len(os.sched_getaffinity(0)) // n)
+        self.pool.shrink(n)  # workers started early, for more trials than there are left
         self.pool.start(n - len(self.pool.workers))
+        threads = max(1, len(os.sched_getaffinity(0)) // n)
         devices = f"{self.info['gpus']} GPU(s)" if self.info["gpus"] else f"{threads} CPU thread(s) each"
         print(f"Sweep {self.name} ({self.plan.describe()}): {n} worker(s), {devices}; study in "
-              f"{self.storage_spec}; trial logs in {self.dir / 'logs'}", flush=True)
+              f"{self.storage_spec}; trial logs in {shown_path(self.dir / 'logs')}/", flush=True)
         stopping, fatal, crashes, last_recover = None, None, 0, time.monotonic()
         while True:
             if stopping is None:
@@ -292,7 +306,8 @@ class Sweep:
             if self.signals and stopping is None:
                 stopping = self.signals[0]
                 print(f"\nStopping: the running trials stop after their current step and are run again by the "
-                      f"same command ({SIGNAL_NAMES[stopping][0]} again stops at once) ...", file=sys.stderr, flush=True)
+                      f"same command ({SIGNAL_NAMES[stopping][0]} again stops at once) ...",
+                      file=sys.stderr, flush=True)
                 self.pool.signal(signal.SIGTERM)
             elif len(self.signals) > 1 and stopping is not None:
                 for w in self.pool.busy():
@@ -303,13 +318,21 @@ class Sweep:
                     studies.enqueue_missing(study, self.points, self.seeds)
         self.pool.close()
         print()
-        print(report(study, self.keys, self.dir, self.info["plumbing"], self.name))
+        return self.finish(stopping, fatal)
+
+    def finish(self, stopping: int | None, fatal: tuple | None) -> int:
+        """Report the study (summary.csv, best.yaml, the table); the exit code."""
+        text, settings_done = report(self.study, self.keys, self.dir, self.info["plumbing"], self.name)
+        print(text, flush=True)
         if fatal:
             raise SweepError(*fatal)
         if stopping is not None:
             name, code = SIGNAL_NAMES[stopping]
             print(f"sweep.py: stopped by {name}; the same command continues the study.", file=sys.stderr)
             return code
+        if not settings_done:
+            raise SweepError("no trial completed (their errors are above; each trial's log is in "
+                             f"{shown_path(self.dir / 'logs')}/)", 1)
         return 0
 
     def progress(self, job: dict, reply: dict) -> None:
@@ -337,13 +360,16 @@ def suggest(trial, p):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sweep = None
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNAL_NAMES}
     try:
         opts, train_argv = parse_options(argv)
         plan = make_plan(opts)
         sweep = Sweep(opts, plan, train_argv)
         for signum in SIGNAL_NAMES:  # a flag only: the loop stops the workers' trials, then reports
             signal.signal(signum, lambda signum, frame: sweep.signals.append(signum))
-        sweep.pool.start(1)  # its imports overlap the rest of the checks
+        sweep.open_early()
+        # All the workers that will surely be wanted, now: their imports (seconds each) run side by side.
+        sweep.pool.start(opts.parallel or opts.per_gpu or 1)
         info = sweep.check()
         sweep.open(info)
         return sweep.run()
@@ -360,3 +386,5 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sweep is not None:
             sweep.pool.close()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

@@ -45,12 +45,20 @@ class Pool:
     def __init__(self):
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[Worker] = []
+        self.leaving: list[Worker] = []  # told to exit, not yet joined
         self.started = 0
 
     def start(self, n: int = 1) -> None:
         for _ in range(n):
             self.workers.append(Worker(self.ctx, self.started))
             self.started += 1
+
+    def shrink(self, n: int) -> None:
+        """Let all but the first `n` workers go."""
+        for w in self.workers[n:]:
+            w.send(("exit",))
+        self.leaving += self.workers[n:]
+        self.workers = self.workers[:n]
 
     def idle(self) -> list[Worker]:
         return [w for w in self.workers if w.job is None and w.process.is_alive()]
@@ -99,9 +107,9 @@ class Pool:
             except (BrokenPipeError, OSError):
                 pass
         deadline = time.monotonic() + timeout
-        for w in self.workers:
+        for w in self.workers + self.leaving:
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join()
-        self.workers = []
+        self.workers, self.leaving = [], []

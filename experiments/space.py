@@ -215,13 +215,12 @@ def parse_grid(specs: list[str]) -> tuple[Param, ...]:
 
 def short_names(keys: list[str]) -> dict[str, str]:
     """The shortest trailing part of each key that tells it from the others (model.optimizer.lr -> lr)."""
+    parts = {key: [p for p in key.split(".") if p != "init_args"] for key in keys}
     names = {}
     for key in keys:
-        parts = [p for p in key.split(".") if p != "init_args"]
-        for n in range(1, len(parts) + 1):
-            name = ".".join(parts[-n:])
-            clashes = [k for k in keys if k != key and ".".join([p for p in k.split(".") if p != "init_args"][-n:]) == name]
-            if not clashes:
+        for n in range(1, len(parts[key]) + 1):
+            name = ".".join(parts[key][-n:])
+            if not any(".".join(parts[k][-n:]) == name for k in keys if k != key):
                 break
         names[key] = name
     return names

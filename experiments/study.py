@@ -54,26 +54,27 @@ def open_storage(spec: str):
         raise StudyError(f"--storage {spec} cannot be opened ({reason[:300]})") from None
 
 
-def open_study(storage, name: str, plan_text: str, plan_key: str, attrs: dict, fresh_dir_check=None):
-    """The study `name`, created if need be; a StudyError if it exists with another plan (nothing is changed)."""
+def existing_study(storage, name: str, plan) -> "optuna.Study | None":
+    """The study `name` if the storage has it; a StudyError if it was made with another plan. Changes nothing."""
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        study = None
+        return None
     except Exception as e:
         raise StudyError(f"the study {name} cannot be read from its storage ({str(e).strip()[:300]})") from None
-    if study is not None:
-        theirs = study.user_attrs.get("plan")
-        if theirs is not None and theirs != plan_key:
-            raise StudyError(f"the study {name} exists with another search space ({study.user_attrs.get('plan_text')}"
-                             f"; this command's: {plan_text}). Start a new study with another --name, or delete the "
-                             f"old one (its folder, or optuna delete-study --study-name {name})")
-    if study is None:
-        if fresh_dir_check is not None:
-            fresh_dir_check()
-        study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
-    if study.user_attrs.get("plan") is None:  # a new study (two processes may both get here: same values)
-        for key, value in {"plan": plan_key, "plan_text": plan_text, **attrs}.items():
+    theirs = study.user_attrs.get("plan")
+    if theirs is not None and theirs != plan.canonical():
+        raise StudyError(f"the study {name} exists with another search space ({study.user_attrs.get('plan_text')}; "
+                         f"this command's: {plan.describe()}). Start a new study with another --name, or delete the "
+                         f"old one (its folder, or `optuna delete-study --study-name {name} --storage URL`)")
+    return study
+
+
+def create_study(storage, name: str, plan, attrs: dict):
+    """A new study `name` for `plan` (or the one another process created a moment ago: the same values)."""
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    if study.user_attrs.get("plan") is None:
+        for key, value in {"plan": plan.canonical(), "plan_text": plan.describe(), **attrs}.items():
             study.set_user_attr(key, value)
     return study
 

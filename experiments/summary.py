@@ -29,14 +29,20 @@ def trial_rows(trials: list, keys: list[str]) -> list[dict]:
             continue
         attrs, results = t.user_attrs, t.user_attrs.get("results") or {}
         params = setting_params(t)
-        note = attrs.get("error") or attrs.get("interrupted")
+        note = attrs.get("error")
+        if interrupted(t):
+            again = next((u.number for u in trials if u.number > t.number and slot(u) == slot(t) and not surplus(u)
+                          and not interrupted(u)), None)
+            note = f"{attrs['interrupted']}; " + (f"run again as trial {again}" if again is not None else
+                                                  "it runs again when the same command is run again")
         if t.state == TrialState.PRUNED:
             note = f"pruned after epoch {attrs.get('pruned_epoch', 0) + 1}: its val/acc was below the median"
         rows.append({"trial": t.number, "params": {k: params.get(k) for k in keys}, "seed": attrs.get("seed"),
                      "state": "interrupted" if interrupted(t) else STATES[t.state],
                      "epochs": results.get("epochs"), "val/acc_best": results.get("val/acc_best"),
                      "fit_seconds": results.get("fit_seconds"), "note": note, "command": attrs.get("command"),
-                     "log_dir": results.get("log_dir"), "setting": attrs["setting"], "test/acc": results.get("test/acc")})
+                     "log_dir": results.get("log_dir"), "setting": attrs["setting"],
+                     "test/acc": results.get("test/acc")})
     return rows
 
 
@@ -104,28 +110,39 @@ def write_best(row: dict, plumbing: dict, path: Path, comment: str) -> bool:
     return True
 
 
-def report(study, keys: list[str], sweep_dir: Path, plumbing: dict, name: str) -> str:
-    """Write summary.csv and best.yaml into `sweep_dir`; return the text to print."""
+def shown_path(path: Path) -> str:
+    """A path as a user in this folder would type it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def report(study, keys: list[str], sweep_dir: Path, plumbing: dict, name: str) -> tuple[str, int]:
+    """Write summary.csv and best.yaml into `sweep_dir`; return the text to print and the number of settings
+    with a complete trial."""
     rows = trial_rows(study.get_trials(deepcopy=False), keys)
     names = short_names(keys)
     write_csv(rows, keys, sweep_dir / "summary.csv")
     counts = {s: sum(r["state"] == s for r in rows) for s in [*STATES.values(), "interrupted"]}
     done = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    out = [f"Sweep {name}: {len(rows)} trials ({done or 'none yet'}); in {sweep_dir}", "", table(rows, names)]
+    out = [f"Sweep {name}: {len(rows)} trials ({done or 'none yet'}) in {shown_path(sweep_dir)}/", "",
+           table(rows, names)]
     notes = [f"  trial {r['trial']}: {r['note']}" for r in rows if r["note"] and r["state"] != "pruned"]
     if notes:
         out += ["", *notes]
     ranked = ranked_settings(rows)
     if not ranked:
         out += ["", "No setting has a complete trial yet."]
-        return "\n".join(out)
+        return "\n".join(out), 0
     seeds = max(len(g) for g in ranked)
     over = " (mean ± std over seeds)" if seeds > 1 else ""
     out += ["", f"Settings by val/acc_best on the validation split{over}:"]
     width = max(len(setting_text(g[0]["params"], names)) for g in ranked[:5])
     for group in ranked[:5]:
         n = len(group)
-        out.append(f"  {setting_text(group[0]['params'], names):{width}}  {mean_std([r['val/acc_best'] for r in group])}"
+        values = [r["val/acc_best"] for r in group]
+        out.append(f"  {setting_text(group[0]['params'], names):{width}}  {mean_std(values)}"
                    f"  ({n} seed{'s' if n > 1 else ''}: trial{'s' if n > 1 else ''} "
                    f"{', '.join(str(r['trial']) for r in group)})")
     chosen = ranked[0]
@@ -135,15 +152,17 @@ def report(study, keys: list[str], sweep_dir: Path, plumbing: dict, name: str) -
                     f"{f' over {len(tests)} seeds' if len(tests) > 1 else ''}. The test accuracy is reported for "
                     f"the chosen setting only; every choice was made on the validation split."]
     best = min(chosen, key=lambda r: r["trial"])
+    env = best["command"].split(" python train.py")[0] + " " if " python train.py" in best["command"] else ""
     comment = (f"The best setting of sweep {name}: {setting_text(best['params'], names)}, trial {best['trial']} "
                f"(seed {best['seed']}, val/acc_best {best['val/acc_best']:.4f}).\n"
                f"Its command: {best['command']}\n"
-               f"Run it again with: python train.py --config {shlex.quote(str(sweep_dir / 'best.yaml'))}")
+               f"Run it again with: {env}python train.py --config {shlex.quote(shown_path(sweep_dir / 'best.yaml'))}")
     if write_best(best, plumbing, sweep_dir / "best.yaml", comment):
-        out.append(f"best.yaml: trial {best['trial']}'s configuration; python train.py --config "
-                   f"{shlex.quote(str(sweep_dir / 'best.yaml'))} runs it again.")
+        out.append(f"best.yaml: trial {best['trial']}'s configuration; {env}python train.py --config "
+                   f"{shlex.quote(shown_path(sweep_dir / 'best.yaml'))} runs it again"
+                   f"{' (with the threads it had: float sums depend on them)' if env else ''}.")
     else:
         out.append(f"best.yaml not written: trial {best['trial']}'s run directory {best['log_dir']} is on another "
                    f"machine. Its command: {best['command']}")
-    out.append(f"Compare the trials: tensorboard --logdir {shlex.quote(str(sweep_dir))} (the HParams tab).")
-    return "\n".join(out)
+    out.append(f"Compare the trials: tensorboard --logdir {shlex.quote(shown_path(sweep_dir))} (the HParams tab).")
+    return "\n".join(out), len(ranked)

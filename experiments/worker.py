@@ -90,11 +90,11 @@ class Worker:
                 if code is None:
                     message += "\n" + traceback.format_exc()
                 return {"error": message, "code": code or 1, "variant": i}
-        problem = (
-            "trials start from scratch: leave out --ckpt_path" if info.pop("ckpt_path") else
-            "a sweep chooses settings on val/acc_best, and --data.val_size 0 leaves no validation set"
-            if not info["has_validation"] else
-            "a trial runs on one device: leave out --trainer.devices / --trainer.num_nodes" if info.pop("multi") else None)
+        ckpt, multi = info.pop("ckpt_path"), info.pop("multi")
+        problem = ("trials start from scratch: leave out --ckpt_path" if ckpt else
+                   "a sweep chooses settings on val/acc_best, and --data.val_size 0 leaves no validation set"
+                   if not info["has_validation"] else
+                   "a trial runs on one device: leave out --trainer.devices / --trainer.num_nodes" if multi else None)
         return {"error": problem, "code": 2, "variant": 0} if problem else info
 
     @staticmethod
@@ -173,8 +173,9 @@ class Worker:
                     traceback.print_exc()
                 print(f"sweep.py: trial {job['number']}: {message}", file=sys.stderr)
                 stopped = isinstance(e, (self.cli.Stopped, KeyboardInterrupt))
-                if stopped:
+                if stopped:  # the sweep runs it again: train.py's advice on resuming it is not for here
                     self.stop.set()
+                    message = message.split(";")[0]
                 reply.update(state="interrupted" if stopped else "failed", error=message, fatal=code == 2)
                 trial.set_user_attr("interrupted" if stopped else "error", message)
                 study.tell(trial, state=TrialState.FAIL)
