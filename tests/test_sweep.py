@@ -338,20 +338,18 @@ def test_unknown_and_invalid_space_keys_are_named(mnist_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm", "kill-9"])
 def test_a_stopped_sweep_resumes_without_losing_or_repeating_a_trial(how, mnist_dir, tmp_path):
-    args = [*SMALL, "--data.data_dir", str(mnist_dir), "--trainer.max_epochs=8",
+    args = [*SMALL, "--data.data_dir", str(mnist_dir), "--trainer.max_epochs=12",
             "--grid", "model.optimizer.lr=0.001,0.002,0.003", "--name", "stop"]
     proc = sweep(args, tmp_path, wait=False)
     second_log = tmp_path / "lightning_logs" / "sweeps" / "stop" / "logs" / "trial_0001.log"
     deadline = time.time() + 240
-    while time.time() < deadline:  # until trial 0 is complete and trial 1 runs (the study exists by then)
-        time.sleep(0.5)
-        if second_log.exists() and [t.state for t in trials_of(tmp_path)][:2] == [TrialState.COMPLETE,
-                                                                                    TrialState.RUNNING]:
+    while time.time() < deadline:  # until trial 1 has trained an epoch of 12 (the study exists by then)
+        time.sleep(0.2)
+        if second_log.exists() and trials_of(tmp_path)[1].intermediate_values:
             break
     else:
         proc.kill()
         pytest.fail("trial 1 did not start")
-    time.sleep(1.0)
     if how == "sigterm":
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
