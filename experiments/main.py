@@ -191,6 +191,9 @@ class Sweep:
                 raise SweepError(f"{shown_path(self.dir)} holds the trials of an earlier study that is not in "
                                  f"{self.storage_spec}; delete that folder or choose another --name")
             study = studies.create_study(self.storage, self.name, plan, {"seeds": seeds, "command": self.train_argv})
+        elif study.user_attrs.get("command") not in (None, self.train_argv):
+            print(f"Note: the study {self.name} was started with another train.py command "
+                  f"({shlex.join(study.user_attrs['command'])}); each trial's own command is in summary.csv.")
         self.study = study
         self.seeds = study.user_attrs.get("seeds", seeds)
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -47,7 +47,7 @@ def open_storage(spec: str):
             with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(spec, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
-                                  grace_period=GRACE_S, heartbeat_stale_trial_callback=rerun_stale)
+                                  grace_period=GRACE_S)
         return JournalStorage(JournalFileBackend(spec))
     except Exception as e:  # SQLAlchemy, driver and file errors alike
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -106,7 +106,9 @@ def surplus(t) -> bool:
 
 
 def interrupted(t) -> bool:
-    return t.state == TrialState.FAIL and "interrupted" in t.user_attrs
+    """Stopped before it finished: by a signal, or failed by Optuna's heartbeat check (which leaves no reason:
+    a failed trial's attributes can no longer be set). Every other failure records its `error`."""
+    return t.state == TrialState.FAIL and "error" not in t.user_attrs and "surplus" not in t.user_attrs
 
 
 def holds_slot(t) -> bool:
@@ -203,11 +205,6 @@ def mark(study, trial_number: int, key: str, reason: str) -> bool:
         return True
     except (RuntimeError, ValueError):  # UpdateFinishedTrialError and tell's "already finished"
         return False
-
-
-def rerun_stale(study, trial) -> None:
-    """Optuna's heartbeat failed `trial`: its process stopped (a machine died). It is run again."""
-    optuna.Trial(study, trial._trial_id).set_user_attr("interrupted", "its process stopped sending heartbeats")
 
 
 def recover(study) -> list[int]:

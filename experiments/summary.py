@@ -33,7 +33,8 @@ def trial_rows(trials: list, keys: list[str]) -> list[dict]:
         if interrupted(t):
             again = next((u.number for u in trials if u.number > t.number and slot(u) == slot(t) and not surplus(u)
                           and not interrupted(u)), None)
-            note = f"{attrs['interrupted']}; " + (f"run again as trial {again}" if again is not None else
+            reason = attrs.get("interrupted", "its process stopped sending heartbeats")
+            note = f"{reason}; " + (f"run again as trial {again}" if again is not None else
                                                   "it runs again when the same command is run again")
         if t.state == TrialState.PRUNED:
             note = f"pruned after epoch {attrs.get('pruned_epoch', 0) + 1}: its val/acc was below the median"

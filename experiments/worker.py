@@ -40,14 +40,19 @@ def serve(conn, index: int) -> None:
         try:
             request = conn.recv()
         except (EOFError, OSError):
-            return
+            break
         if request[0] == "exit":
-            return
+            break
         reply = worker.check(request[1]) if request[0] == "check" else worker.trial(request[1])
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
-            return
+            break
+    # Every trial's files are closed and its results in the study: skip the interpreter's teardown of torch and
+    # Lightning (2 s of a sweep's end on a small CPU).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def die_with_parent() -> None:

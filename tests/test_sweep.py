@@ -359,8 +359,8 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_a_trial(how, mnist_
         worker = int(trials_of(tmp_path)[1].user_attrs["worker"].split(":")[1])
         os.kill(worker, signal.SIGSTOP)
         proc.kill()
-        proc.communicate(timeout=60)
         os.kill(worker, signal.SIGKILL)
+        proc.communicate(timeout=60)
     before = trials_of(tmp_path)
     assert before[0].state == TrialState.COMPLETE
     assert before[1].state == (TrialState.FAIL if how == "sigterm" else TrialState.RUNNING)
@@ -369,7 +369,8 @@ def test_a_stopped_sweep_resumes_without_losing_or_repeating_a_trial(how, mnist_
     assert again.returncode == 0, again.stderr[-3000:]
     after = trials_of(tmp_path)
     assert after[0].value == before[0].value and after[0].datetime_complete == before[0].datetime_complete
-    assert after[1].state == TrialState.FAIL and "interrupted" in after[1].user_attrs
+    assert after[1].state == TrialState.FAIL and studies.interrupted(after[1])
+    assert "interrupted" in after[1].user_attrs  # with its reason
     done = ran(after)
     assert [t.state for t in done] == [TrialState.COMPLETE] * 3
     assert sorted(t.params["model.optimizer.lr"] for t in done) == [0.001, 0.002, 0.003]
