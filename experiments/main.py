@@ -241,7 +241,8 @@ class Sweep:
         return {"trial_id": trial._trial_id, "number": n, "argv": argv, "threads": threads,
                 "prune": not self.plan.grid and attrs["seed_index"] == 0,
                 "log": str(self.dir / "logs" / f"trial_{n:04d}.log"),
-                "storage": self.storage_spec, "study": self.name, "settings": self.settings, "params": params,
+                "storage": self.storage_spec, "study": self.name, "settings": self.settings,
+                "epochs": self.info["max_epochs"], "params": params,
                 "seed": attrs["seed"], "seed_index": attrs["seed_index"]}
 
     def workers_wanted(self) -> int:
@@ -370,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = Sweep(opts, plan, train_argv)
         for signum in SIGNAL_NAMES:  # a flag only: the loop stops the workers' trials, then reports
             signal.signal(signum, lambda signum, frame: sweep.signals.append(signum))
+        sweep.pool.wake_on_signals()
         sweep.open_early()
         # All the workers that will surely be wanted, now: their imports (seconds each) run side by side.
         sweep.pool.start(opts.parallel or opts.per_gpu or 1)

@@ -9,6 +9,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import socket
 import time
 
 from experiments import worker
@@ -47,6 +48,14 @@ class Pool:
         self.workers: list[Worker] = []
         self.leaving: list[Worker] = []  # told to exit, not yet joined
         self.started = 0
+        # A signal wakes `wait` at once (Python retries a wait that a signal handler interrupted).
+        self.wakeup, self._wakeup_w = socket.socketpair()
+        self.wakeup.setblocking(False)
+        self._wakeup_w.setblocking(False)
+        self._previous_wakeup = None
+
+    def wake_on_signals(self) -> None:
+        self._previous_wakeup = signal.set_wakeup_fd(self._wakeup_w.fileno(), warn_on_full_buffer=False)
 
     def start(self, n: int = 1) -> None:
         for _ in range(n):
@@ -74,7 +83,12 @@ class Pool:
         """Replies that arrived within `timeout` s, as (worker, reply); (worker, None): the worker ended, and
         is no longer in the pool (its `job` is what it was running)."""
         handles = [h for w in self.workers for h in (w.conn, w.process.sentinel)]
-        ready = set(multiprocessing.connection.wait(handles, timeout)) if handles else set()
+        ready = set(multiprocessing.connection.wait([*handles, self.wakeup], timeout))
+        if self.wakeup in ready:
+            try:
+                self.wakeup.recv(512)
+            except BlockingIOError:
+                pass
         events = []
         for w in list(self.workers):
             if w.conn not in ready and w.process.sentinel not in ready:
@@ -113,3 +127,6 @@ class Pool:
                 w.process.kill()
                 w.process.join()
         self.workers, self.leaving = [], []
+        if self._previous_wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._previous_wakeup = None

@@ -88,15 +88,17 @@ def ask(study):
 
 
 def sampler_for(name: str, number: int):
-    """Optuna's TPE sampler, seeded by the study and trial: a sweep samples the same settings when it is run
-    again from scratch, and processes that ask at the same moment never sample the same ones."""
+    """Optuna's TPE sampler, seeded by the study and trial: a sweep of one worker samples the same settings when
+    it is run again from scratch, and processes that ask at the same moment never sample the same ones."""
     return optuna.samplers.TPESampler(seed=zlib.crc32(f"{name}/{number}".encode()))
 
 
-def pruner(settings: int):
-    """Optuna's median pruner: from the second epoch on, a trial whose val/acc is below the median of the
-    completed trials' at the same epoch stops, once a fifth of the settings (2 to 5) have completed."""
-    return optuna.pruners.MedianPruner(n_startup_trials=min(5, max(2, settings // 5)), n_warmup_steps=1)
+def pruner(settings: int, epochs: int | None):
+    """Optuna's median pruner: once a fifth of the settings (2 to 5) have completed, a trial whose best val/acc
+    so far is below the median of theirs at the same epoch stops. Not in the first third of the epochs (at
+    least the first): early in a schedule's warm-up the order of the trials says little."""
+    return optuna.pruners.MedianPruner(n_startup_trials=min(5, max(2, settings // 5)),
+                                       n_warmup_steps=max(1, (epochs or 3) // 3))
 
 
 # --- what a trial is ------------------------------------------------------------------------------------

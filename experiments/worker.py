@@ -118,7 +118,7 @@ class Worker:
             "multi": devices not in ("auto", 1, "1", None) and not (isinstance(devices, list) and len(devices) == 1)
             or (trainer.get("num_nodes") or 1) > 1,
             "gpus": torch.cuda.device_count() if accelerator in ("auto", "gpu", "cuda") else 0,
-            "save_dir": logger.get("save_dir") or "lightning_logs",
+            "save_dir": logger.get("save_dir") or "lightning_logs", "max_epochs": trainer.get("max_epochs"),
             # What the sweep sets in each trial for its own bookkeeping, as this command had it (best.yaml).
             "plumbing": {"save_dir": logger.get("save_dir"), "name": logger.get("name"),
                          "version": logger.get("version"),
@@ -162,7 +162,7 @@ class Worker:
         if key not in self.studies:
             self.studies[key] = optuna.load_study(study_name=job["study"], storage=open_storage(job["storage"]),
                                                   sampler=optuna.samplers.RandomSampler(),
-                                                  pruner=pruner(job["settings"]))
+                                                  pruner=pruner(job["settings"], job["epochs"]))
         study = self.studies[key]
         trial = optuna.Trial(study, job["trial_id"])
         reporter = TrialReporter(trial, job["prune"])
