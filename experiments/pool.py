@@ -21,7 +21,7 @@ class Worker:
     def __init__(self, ctx, index: int):
         self.index = index
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker.serve, args=(child, index), name=f"sweep-worker-{index}")
+        self.process = ctx.Process(target=worker.serve, args=(child,), name=f"sweep-worker-{index}")
         self.process.start()
         child.close()
         self.job: dict | None = None  # the trial it runs, if any

@@ -15,11 +15,13 @@ process sees alike.
 """
 
 import contextlib
+import fcntl
 import os
 import socket
 import threading
 import warnings
 import zlib
+from pathlib import Path
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
@@ -99,6 +101,22 @@ def pruner(settings: int, epochs: int | None):
     least the first): early in a schedule's warm-up the order of the trials says little."""
     return optuna.pruners.MedianPruner(n_startup_trials=min(5, max(2, settings // 5)),
                                        n_warmup_steps=max(1, (epochs or 3) // 3))
+
+
+def lock_sqlite(spec: str):
+    """An SQLite study serves one sweep process (with its workers): a second one on it is refused."""
+    if not spec.startswith("sqlite:///"):
+        return None
+    path = Path(spec[len("sqlite:///"):])
+    handle = open(path.with_name(path.name + ".lock"), "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise StudyError(f"another sweep.py is running the study in {path}. SQLite serves one sweep process at a "
+                         f"time (its --parallel workers included); for several, give each --storage with a journal "
+                         f"file (a path) or a database server (postgresql://...)") from None
+    return handle
 
 
 # --- what a trial is ------------------------------------------------------------------------------------
@@ -183,10 +201,6 @@ def enqueue_missing(study, points: list[dict] | None, seeds: list[int]) -> int:
 
 
 # --- trials whose process is gone ------------------------------------------------------------------------
-
-def owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
 
 def alive(pid: int) -> bool:
     try:

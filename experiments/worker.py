@@ -25,7 +25,7 @@ import traceback
 PR_SET_PDEATHSIG = 1
 
 
-def serve(conn, index: int) -> None:
+def serve(conn) -> None:
     """The worker's loop: replies to the coordinator's requests until told to exit or the pipe closes."""
     parent = os.getppid()
     die_with_parent()

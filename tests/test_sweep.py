@@ -21,6 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from experiments import main as sweep_main
+from experiments import options
 from experiments import study as studies
 from experiments.space import Param, Plan, load_space, parse_grid, short_names
 
@@ -326,11 +327,11 @@ def test_unknown_and_invalid_space_keys_are_named(mnist_dir):
 
     base = [*SMALL, "--data.data_dir", str(mnist_dir)]
     space = (Param("model.optimizer.lr", "float", 0.001, 0.1), Param("model.optimizer.betas2", "choice", choices=(1,)))
-    variants = sweep_main.check_variants(Plan(space, grid=False), base)
+    variants = options.check_variants(Plan(space, grid=False), base)
     reply = Worker(__import__("threading").Event()).check([argv for argv, _ in variants])
     assert reply["code"] == 2 and "--model.optimizer.betas2 is not an option here" in reply["error"]
     grid = Plan((Param("data.batch_size", "choice", choices=(64, 0)),), grid=True)
-    variants = sweep_main.check_variants(grid, base)
+    variants = options.check_variants(grid, base)
     reply = Worker(__import__("threading").Event()).check([argv for argv, _ in variants])
     assert variants[reply["variant"]][1] == "--data.batch_size=0" and "--data.batch_size" in reply["error"]
 
