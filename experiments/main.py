@@ -226,8 +226,8 @@ class Sweep:
                     w.process.kill()
             if time.monotonic() - last_recover > studies.GRACE_S:  # machines elsewhere that died
                 last_recover = time.monotonic()
-                if studies.recover(study):
-                    studies.enqueue_missing(study, self.points, self.seeds)
+                studies.recover(study)
+                studies.enqueue_missing(study, self.points, self.seeds)
         self.pool.close()
         print()
         return self.finish(stopping, fatal)

@@ -196,6 +196,26 @@ def test_missing_slots_of_a_sampled_setting_are_its_other_seeds_once_it_complete
         ({"lr": lr}, {"setting": 0, "seed_index": 2, "seed": 9})]
 
 
+def test_a_trial_whose_machine_died_is_run_again(tmp_path, monkeypatch):
+    """On another machine (no pid to look at), Optuna's heartbeat tells: past its grace period the trial is
+    failed, counts as interrupted, and its slot is enqueued again."""
+    monkeypatch.setattr(studies, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(studies, "GRACE_S", 1)
+    storage = studies.open_storage(f"sqlite:///{tmp_path / 'study.db'}")
+    plan = Plan((), grid=True)
+    study = studies.create_study(storage, "s", plan, {"seeds": [0]})
+    assert studies.enqueue_missing(study, plan.points(), [0]) == 1
+    trial = studies.ask(study)
+    trial.set_user_attr("worker", "a-machine-that-died:12345")
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(2.5)
+    assert studies.recover(study) == []  # not a pid of this machine
+    (failed,) = study.get_trials()
+    assert failed.state == TrialState.FAIL and studies.interrupted(failed)
+    assert studies.enqueue_missing(study, plan.points(), [0]) == 1
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]
+
+
 # --- sweeps that train ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -321,10 +341,11 @@ def test_an_invalid_trial_command_fails_at_once_with_train_py_error(mnist_dir, i
     assert not (in_tmp / "lightning_logs").exists()  # no study, no folder
 
 
-def test_unknown_and_invalid_space_keys_are_named(mnist_dir):
+def test_unknown_and_invalid_space_keys_are_named(mnist_dir, monkeypatch):
     """The worker's check, in this process: train.py's parser judges each extreme of each param."""
     from experiments.worker import Worker
 
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # as in a worker: LightningCLI warns about pytest's otherwise
     base = [*SMALL, "--data.data_dir", str(mnist_dir)]
     space = (Param("model.optimizer.lr", "float", 0.001, 0.1), Param("model.optimizer.betas2", "choice", choices=(1,)))
     variants = options.check_variants(Plan(space, grid=False), base)
