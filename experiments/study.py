@@ -8,10 +8,10 @@ make its *slot*; `seed`, `overrides` and `command` say what ran; `worker` (host:
 How trials are handed out, so that several processes on one study (`--storage`) never run a slot twice
 and together run exactly `--trials` settings: a slot that must run (a grid point, the other seeds of a
 completed setting, a trial that was interrupted) is *enqueued* as a WAITING trial, which Optuna lets only
-one process take. Two processes may enqueue the same slot at the same moment, and two may ask for a new
-setting when one is left; of such a pair, the trial with the lower number runs and the other is marked
-`surplus` without running (`claim`). The decision only looks at trials with lower numbers, which every
-process sees alike.
+one process take (SQLite: see lock_sqlite). Two processes may enqueue the same slot at the same moment,
+and two may ask for a new setting when one is left; of such a pair, the trial with the lower number runs
+and the other is marked `surplus` without running (`claim`). The decision only looks at trials with lower
+numbers, which every process sees alike.
 """
 
 import contextlib
@@ -104,7 +104,12 @@ def pruner(settings: int, epochs: int | None):
 
 
 def lock_sqlite(spec: str):
-    """An SQLite study serves one sweep process (with its workers): a second one on it is refused."""
+    """An SQLite study serves one sweep process (with its workers): a second one on it is refused.
+
+    Optuna takes a waiting trial with a read, then a write; pysqlite runs the read outside the write's
+    transaction, so two processes could both take the same trial. Journal files (a lock) and database servers
+    (SELECT ... FOR UPDATE) do not let that happen; within one sweep process only the coordinator takes trials.
+    """
     if not spec.startswith("sqlite:///"):
         return None
     path = Path(spec[len("sqlite:///"):])
