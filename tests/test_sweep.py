@@ -155,6 +155,15 @@ def test_a_study_with_another_space_is_refused_and_left_as_it_was(in_tmp, capsys
     assert (in_tmp / "study.journal").read_bytes() == before
 
 
+def test_a_second_sweep_process_on_one_sqlite_file_is_refused(tmp_path):
+    spec = f"sqlite:///{tmp_path / 'study.db'}"
+    held = studies.lock_sqlite(spec)
+    with pytest.raises(studies.StudyError, match="another sweep.py is running the study in .*journal file"):
+        studies.lock_sqlite(spec)
+    held.close()
+    studies.lock_sqlite(spec).close()  # free again once the first one ends
+
+
 def test_claims_give_each_slot_and_setting_to_one_trial():
     """The rule that lets several processes share a study: the lower trial number wins, the other is surplus."""
     study = optuna.create_study(direction="maximize")
