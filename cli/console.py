@@ -94,6 +94,9 @@ def quiet_warnings() -> None:
     warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # About Lightning's per-step logging, which we do not use: it counts calls of several steps.
     warnings.filterwarnings("ignore", r"The number of training batches \(\d+\) is smaller than the logging interval")
+    # test/validate of a checkpoint: Lightning restores the training run's ModelCheckpoint state, of no use there.
+    warnings.filterwarnings("ignore", r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint")
+    warnings.filterwarnings("ignore", r"The dirpath has changed from")
     # A resumed run writes into its own checkpoints/ again, on purpose.
     warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
     # We hand LightningCLI the expanded command line; it warns about getting both that and sys.argv.

@@ -102,6 +102,8 @@ def checkpoint_argv(stage: str, argv: list[str]) -> tuple[runs.Checkpoint, list[
     set's normalisation from the checkpoint, then the user's overrides."""
     spec = option_value(argv, "--ckpt_path")
     if not spec:
+        if "--help" in argv or "-h" in argv:  # the subcommand's own options need no checkpoint
+            app.build(stage, expand_short_names([a for a in argv if a != "-h"] + ["--help"]))  # prints, exits
         raise UsageError(f"{stage} needs --ckpt_path: a checkpoint file, a run directory, or best/last "
                          f"(the newest run's)")
     save_dir = option_value(argv, "--trainer.logger.init_args.save_dir") or "lightning_logs"

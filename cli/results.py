@@ -89,6 +89,6 @@ def print_summary(results: dict) -> None:
         trained = f"{epochs} epochs" if this_run == epochs else f"{this_run} of its {epochs} epochs"
         parts.append(f"{trained} in {results['fit_seconds']:.1f} s on {results['device']} ({results['precision']});")
     else:
-        parts.append(f"checkpoint {results['checkpoint']};")
+        parts.append(f"from {results['checkpoint']};")
     parts.append(f"logs in {results['log_dir']}" if results.get("log_dir") else "nothing written (fast_dev_run)")
     print(" ".join(parts))

@@ -12,9 +12,10 @@ class TrialReporter(L.Callback):
     written, so a pruned trial is in TensorBoard and the summary with what it reached.
     """
 
-    def __init__(self, trial, prune: bool):
+    def __init__(self, trial, prune: bool, params: dict):
         self.trial, self.prune = trial, prune
         self.pruned_epoch = None
+        self.run_hparams = params  # the trial's options, for the HParams tab (lit_models/dashboards.py)
 
     def on_validation_end(self, trainer, pl_module):
         value = trainer.callback_metrics.get("val/acc")

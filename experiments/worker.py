@@ -128,23 +128,15 @@ class Worker:
     def error(self, e: BaseException) -> tuple[int | None, str]:
         """train.py's exit code and one-line message for an exception (cli/main.py's main() maps the same);
         (None, text) for one it does not expect (a bug: the caller adds the traceback)."""
-        from jsonargparse import ArgumentError
-        from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-        from cli import app
-        from cli.args import UsageError
-
         main = self.cli
-        if isinstance(e, (UsageError, ArgumentError, app.SeedError, app.OptimizerError)):
-            return 2, main.argument_error(e) if isinstance(e, ArgumentError) else str(e)
         if isinstance(e, main.Stopped):
             return e.exit_code, str(e)
         if isinstance(e, KeyboardInterrupt):
             return 130, "stopped by Ctrl-C"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, (*main.USER_ERRORS, MisconfigurationException)) or type(e).__name__ == "OutOfMemoryError":
-            return 1, first
-        return None, f"{type(e).__name__}: {first}"
+        known = main.user_error(e) if isinstance(e, Exception) else None
+        if known is not None:
+            return known
+        return None, f"{type(e).__name__}: {main.first_line(e)}"
 
     # --- running a trial -------------------------------------------------------------------------------
 
@@ -165,7 +157,7 @@ class Worker:
                                                   pruner=pruner(job["settings"], job["epochs"]))
         study = self.studies[key]
         trial = optuna.Trial(study, job["trial_id"])
-        reporter = TrialReporter(trial, job["prune"])
+        reporter = TrialReporter(trial, job["prune"], job["params"])
         reply = {"number": job["number"]}
         with output_to(job["log"]), heartbeat(study, job["trial_id"]):
             try:

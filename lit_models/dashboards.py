@@ -74,7 +74,7 @@ def run_hparams(trainer, module, datamodule) -> dict:
     """The hyperparameters that tell runs apart, as TensorBoard's HParams tab can show them."""
     optimizer = trainer.optimizers[0]
     schedules = trainer.lr_scheduler_configs
-    return {
+    hparams = {
         "model": module.hparams.arch,
         "data": datamodule.name,
         "optimizer": type(optimizer).__name__,
@@ -90,6 +90,10 @@ def run_hparams(trainer, module, datamodule) -> dict:
         "precision": str(trainer.precision),
         "seed": datamodule.seed,
     }
+    # What a callback of the run adds to tell it apart (a sweep's trial: the options it varies, by their names).
+    for callback in trainer.callbacks:
+        hparams.update(getattr(callback, "run_hparams", {}))
+    return hparams
 
 
 def prediction_grid(images: torch.Tensor, labels, preds, class_names, columns: int = 8) -> Figure:
