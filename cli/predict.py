@@ -30,37 +30,11 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from cli import app, runs
 from cli.args import UsageError
-from datamodules import DataSetupError, ImageDataModule
+from datamodules import DataSetupError
 from lit_models.preprocessing import ImageFiles
 
 SHOWN = 8  # predictions printed, spread over the images (a folder or split is often sorted by class)
 NAMED_FAILURES = 10  # unreadable files named one by one; the rest are counted
-
-
-class CheckpointData(ImageDataModule):
-    """What a checkpoint knows about the data it was trained on, without the data (`predict --inputs`).
-
-    The CLI links the model's image shape, classes and normalisation from the data module. Predicting files
-    needs no training data, so this stands in for the run's data module and answers those links from the
-    checkpoint: a model trained on an image folder that has since moved still predicts. It holds no images.
-    """
-
-    name = "checkpoint"
-
-    def __init__(self, image_shape: tuple[int, int, int] = (3, 32, 32), classes: list[str] | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self._image_shape = tuple(image_shape)
-        self.classes = list(classes or [])
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return self._image_shape
-
-    def prepare_data(self):
-        pass
-
-    def setup(self, stage: str | None = None):
-        pass
 
 
 def run(checkpoint: runs.Checkpoint, argv: list[str]) -> dict:
@@ -150,7 +124,7 @@ def with_checkpoint_data(argv: list[str], checkpoint: runs.Checkpoint) -> list[s
     classes = list(hp.get("class_names") or map(str, range(hp["num_classes"])))
     # Decoding files: every core, not the run's setting; and batches of 256, not the run's evaluation batches of
     # 1000 on the device: the first arrives sooner, and on a CPU the CNN ran 1.5x faster at 128-256 (cache-sized).
-    data = {"class_path": f"{__name__}.CheckpointData",
+    data = {"class_path": "datamodules.CheckpointData",
             "init_args": {"image_shape": list(hp["image_shape"]), "classes": classes, "num_workers": cpu_count(),
                           "eval_batch_size": 256}}
     at = after_config(argv)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from datamodules.processes import alive
+
 FORMAT = 2  # bump when the layout of the cache files changes. 2: a "checksum" of the tensors
 
 # A temporary file this old is not being written (a writer writes it in one go, seconds): its writer is gone.
@@ -138,16 +140,6 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.tmp")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_stale_temporaries(path: Path) -> list[Path]:
     """Remove the temporary files of `path` that no live writer owns; the ones removed.
 
@@ -169,7 +161,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
             continue
         try:
             age = now - tmp.lstat().st_mtime
-            dead = match[1] == host and not _alive(int(match[2]))
+            dead = match[1] == host and not alive(int(match[2]))
             if dead or age > STALE_SECONDS:
                 tmp.unlink()
                 removed.append(tmp)

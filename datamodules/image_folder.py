@@ -26,6 +26,7 @@ from PIL import Image, ImageOps
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from datamodules.base import DataSetupError, ImageDataModule
+from datamodules.processes import alive
 
 # Images per task of the decoding pool. Fewer than two tasks' worth decode in this process: starting
 # worker processes costs more than they save.
@@ -208,15 +209,6 @@ def list_splits(root: Path, splits: dict[str, list[str]]) -> dict[str, SplitFile
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def _die_with_parent() -> None:
     """Have this process killed when its parent dies: prctl(PR_SET_PDEATHSIG) on Linux, a watcher elsewhere."""
@@ -250,7 +242,7 @@ def init_worker(main_pid: int) -> None:
     # After a SIGTERM or SIGKILL of the main process nobody would stop a worker, and it would wait for tasks
     # forever: the task queue's pipe stays open in its siblings.
     _die_with_parent()
-    if os.getppid() != main_pid and not _alive(main_pid):
+    if os.getppid() != main_pid and not alive(main_pid):
         os._exit(1)  # the main process died before we asked to die with it
 
 

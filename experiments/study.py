@@ -16,7 +16,6 @@ numbers, which every process sees alike.
 
 import contextlib
 import fcntl
-import os
 import socket
 import threading
 import warnings
@@ -27,6 +26,8 @@ import optuna
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+
+from datamodules.processes import alive
 
 # RDB storages (SQLite, PostgreSQL, MySQL) keep Optuna's heartbeat: a trial whose process stopped beating
 # for GRACE_S (a machine that died) is failed and run again by whichever sweep process looks next.
@@ -206,15 +207,6 @@ def enqueue_missing(study, points: list[dict] | None, seeds: list[int]) -> int:
 
 
 # --- trials whose process is gone ------------------------------------------------------------------------
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def mark(study, trial_number: int, key: str, reason: str) -> bool:
