@@ -49,8 +49,50 @@ class StepChunks:
             self._resume_at = None
         self.yielded = start
         batches = self.batches.iterate(start)
+        # Batches already on the device are drawn as the model trains on them (see LazyChunk); a DataLoader's
+        # come as lists, which Lightning moves to the device.
+        cursor = Cursor(batches, start) if getattr(self.batches, "on_device", False) else None
         while self.yielded < self.num_steps:
             size = min(self.steps_per_call, self.num_steps - self.yielded)
-            chunk = [next(batches) for _ in range(size)]
+            chunk = LazyChunk(cursor, self.yielded, size) if cursor else [next(batches) for _ in range(size)]
             self.yielded += size
             yield chunk
+
+
+class Cursor:
+    """An epoch's batch iterator and the index of the next batch it gives."""
+
+    def __init__(self, batches, start: int):
+        self.batches, self.position = batches, start
+
+    def next(self):
+        self.position += 1
+        return next(self.batches)
+
+
+class LazyChunk:
+    """Batches `start` to `start + size - 1` of an epoch, each made only when the model comes to train on it.
+
+    A list of K normalised float batches made up front holds K batches' memory where one would do: on a CPU the
+    MLP's 8 Fashion-MNIST batches (38 MB) left the cache before their steps used them, and training ran 15%
+    slower than with each batch made just before its step. Lightning hands a chunk to the model without
+    looking into it (it moves only lists, tuples and the like to the device; these are there already).
+    `images` counts the images drawn so far, for the speed figures.
+    """
+
+    def __init__(self, cursor: Cursor, start: int, size: int):
+        self.cursor, self.start, self.size = cursor, start, size
+        self.images = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        while self.cursor.position < self.start:
+            self.cursor.next()  # the batches of an earlier chunk that was not trained to its end (a stop)
+        if self.cursor.position != self.start:
+            raise RuntimeError(f"batch {self.start} of the epoch was asked for after batch {self.cursor.position}")
+        for _ in range(self.size):
+            x, y = self.cursor.next()
+            self.images += len(y)
+            yield x, y

@@ -82,6 +82,7 @@ class DeviceBatches:
 
     # Lightning duck-types loaders: it calls `loader.sampler.set_epoch(e)` and reads `batch_sampler`.
     batch_sampler = None
+    on_device = True  # the batches are made where the model is: StepChunks draws them lazily
 
     @property
     def sampler(self):

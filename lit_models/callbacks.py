@@ -36,7 +36,10 @@ class TrainingSpeed(L.Callback):
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._images += sum(len(y) for _, y in batch)  # a chunk of (images, labels); shapes, not values: no sync
+        # A chunk of (images, labels): a lazy one has counted them as it was trained on (it cannot be iterated
+        # again), a list is counted here (shapes, not values: no sync).
+        images = getattr(batch, "images", None)
+        self._images += images if images is not None else sum(len(y) for _, y in batch)
         self.calls += 1
 
     def _stop(self, trainer) -> None:

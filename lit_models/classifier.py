@@ -101,6 +101,18 @@ class ImageClassifier(L.LightningModule):
 
     # --- using the model ---------------------------------------------------------------------------
 
+    @property
+    def example_input_array(self):
+        """The input that the model summary and the TensorBoard graph run the network on, in the type of its
+        weights: Lightning passes it as it is, and a 64-true or bf16-true network would fail on float32."""
+        example = self._example_input_array
+        parameter = next(self.parameters(), None)
+        return example if example is None or parameter is None else example.to(parameter.dtype)
+
+    @example_input_array.setter
+    def example_input_array(self, example):
+        self._example_input_array = example
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of normalised float images (N, C, H, W)."""
         if self.uses_channels_last:
@@ -140,10 +152,15 @@ class ImageClassifier(L.LightningModule):
         last_chunk = chunk_idx == trainer.num_training_batches - 1
         max_steps, log_every = trainer.max_steps, trainer.log_every_n_steps
         micro_batches = self._micro_batches  # a local: nn.Module attribute writes cost microseconds each
+        # Lightning converts the inputs of a list for "true" precisions (64-true, bf16-true); a lazy chunk's
+        # batches are made here, so they are converted here.
+        convert = None if isinstance(chunk, list) else trainer.precision_plugin.convert_input
         for i, (x, y) in enumerate(chunk):
             step = trainer.global_step
             if 0 <= max_steps <= step:
                 break
+            if convert is not None:
+                x = convert(x)
             logits = self(x)
             loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
             self._losses.append(loss.detach())

@@ -203,8 +203,21 @@ def test_chunks_hold_steps_per_call_batches_and_cover_the_epoch(mnist_dir):
     assert [len(c) for c in chunks] == [4, 4, 2] and len(dm.train_dataloader()) == 3  # 10 batches an epoch
     one = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=1)
     one.setup("fit")
-    for a, b in zip([batch for chunk in chunks for batch in chunk], [c[0] for c in one.train_dataloader()]):
+    for a, b in zip([batch for chunk in chunks for batch in chunk], [next(iter(c)) for c in one.train_dataloader()]):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # the same batches, whatever the chunking
+
+
+def test_chunks_make_their_batches_only_as_they_are_trained_on(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=100, batch_size=50, steps_per_call=4)
+    dm.setup("fit")
+    every = [batch for chunk in dm.train_dataloader() for batch in chunk]
+    chunks = iter(dm.train_dataloader())
+    first, second = next(chunks), next(chunks)  # Lightning fetches the next call's chunk ahead of time
+    assert first.cursor.position == 0  # nothing made yet: one batch's memory at a time, not K
+    x, y = next(iter(first))  # a stop after the first step: the rest of the chunk is never trained on
+    assert first.cursor.position == 1 and torch.equal(x, every[0][0])
+    assert [torch.equal(b[1], e[1]) for b, e in zip(second, every[4:8])] == [True] * 4  # still batches 4-7
+    assert first.images == 50 and second.images == 200
 
 
 def test_steps_per_call_keeps_whole_accumulation_groups(mnist_dir):

@@ -67,3 +67,15 @@ def test_learning_rates_are_logged_per_optimizer_step(mnist_dir, in_tmp):
     assert lrs[0] == pytest.approx(0.015 / 25) and max(lrs) > lrs[0] > lrs[-1] * 0  # OneCycle: warm up, anneal
     # the epoch metrics are plotted against optimizer steps too: the end of each epoch of 10 steps
     assert [e.step for e in acc.Scalars("train/loss")] == [9, 19, 29]
+
+
+@pytest.mark.parametrize("precision, dtype", [("64-true", torch.float64), ("bf16-true", torch.bfloat16)])
+def test_a_true_precision_trains_in_its_type(precision, dtype, mnist_dir, in_tmp):
+    # Lightning converts a batch's inputs for 64-true and bf16-true, but not the example input of the model
+    # summary and the TensorBoard graph; and a chunk's batches are made in the step.
+    args = [*MLP, "--data.data_dir", str(mnist_dir), "--trainer.max_epochs=2", "--trainer.accelerator=cpu",
+            f"--trainer.precision={precision}"]
+    assert run_inprocess(args) == 0
+    run = run_dirs(in_tmp)[0]
+    assert results(run)["precision"] == precision and results(run)["test/acc"] > 0.3
+    assert all(w.dtype == dtype for w in last_weights(run).values() if w.is_floating_point())
