@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+from conftest import write_mnist
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,3 +94,13 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def finished_mnist_run(cwd: Path, args: list[str]):
+    """A run of `args` trained to its end in `cwd` on MNIST IDX files written to `cwd/data`, for a module's tests:
+    its folder, data and run directory (`lightning_logs/mlp-mnist/version_0`)."""
+    data = write_mnist(cwd / "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        assert run_inprocess([*args, "--data.data_dir", str(data)]) == 0
+    return SimpleNamespace(cwd=cwd, data=data, run=cwd / "lightning_logs" / "mlp-mnist" / "version_0")

@@ -1,12 +1,10 @@
 """Bad input: one clear message, a non-zero exit, no traceback, and nothing a user had is touched."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import write_mnist
-from helpers import run_dirs, run_inprocess
+from helpers import finished_mnist_run, run_dirs, run_inprocess
 
 SMALL = ["--model", "mlp", "--data.val_size=100", "--data.batch_size=50", "--trainer.max_epochs=1"]
 
@@ -19,12 +17,7 @@ def tree(path):
 @pytest.fixture(scope="module")
 def earlier(tmp_path_factory):
     """A folder holding data and one finished run (lightning_logs/version_0), shared by these tests."""
-    cwd = tmp_path_factory.mktemp("earlier")
-    data = write_mnist(cwd / "data")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(cwd)
-        assert run_inprocess([*SMALL, "--data.data_dir", str(data)]) == 0
-    return SimpleNamespace(cwd=cwd, data=data, run=cwd / "lightning_logs" / "mlp-mnist" / "version_0")
+    return finished_mnist_run(tmp_path_factory.mktemp("earlier"), SMALL)
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import class_images, write_mnist
-from helpers import QUIET, ROOT, results, run_dirs, run_inprocess
+from conftest import class_images
+from helpers import QUIET, ROOT, finished_mnist_run, results, run_dirs, run_inprocess
 from PIL import Image
 
 from datamodules import ImageFolderDataModule
@@ -37,14 +37,10 @@ def read_csv(path) -> list[dict]:
 @pytest.fixture(scope="module")
 def mlp_run(tmp_path_factory):
     """A finished MLP run on MNIST IDX files: lightning_logs/mlp-mnist/version_0 with its best checkpoint tested."""
-    cwd = tmp_path_factory.mktemp("mlp")
-    data = write_mnist(cwd / "data")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(cwd)
-        assert run_inprocess([*MLP, "--data.data_dir", str(data)]) == 0
-    run = cwd / "lightning_logs" / "mlp-mnist" / "version_0"
-    return SimpleNamespace(cwd=cwd, data=data, run=run, results=results(run),
-                           best=next(p for p in (run / "checkpoints").glob("epoch*.ckpt")))
+    done = finished_mnist_run(tmp_path_factory.mktemp("mlp"), MLP)
+    done.results = results(done.run)
+    done.best = next(p for p in (done.run / "checkpoints").glob("epoch*.ckpt"))
+    return done
 
 
 def write_mixed_folder(root):
