@@ -1,17 +1,267 @@
-"""Experiments: run many train.py command lines as one Optuna study, compare them, and keep the best.
+"""Experiments: an Optuna study whose objective trains one train.py configuration.
 
     python sweep.py --model mlp --data fashion_mnist --space configs/sweeps/mlp.yaml --trials 24 --parallel 2
-    python sweep.py --model cnn --grid "model.optimizer.lr=0.02,0.05,0.1" --seeds 3
-    python sweep.py --model mlp --seeds 5                    # one setting, five seeds: mean ± std
+    python sweep.py --model cnn --grid model.lr=0.02,0.05,0.1 --seeds 3
+    python sweep.py --model mlp --seeds 5                     # one setting, five seeds: mean and spread
 
-Everything that is not a sweep option is a train.py option; each trial is that command line plus its
-settings, and `python train.py` with them runs it again. The study (study.db), one TensorBoard run per trial,
-summary.csv and best.yaml go to lightning_logs/sweeps/NAME/. The code behind it is in experiments/.
+Every option that is not the sweep's own is train.py's. A trial trains that command line with its settings
+(`--seeds N`: once per seed, its value the mean val/acc_best) and reports each epoch's val/acc to Optuna's median
+pruner. The study lives in an Optuna storage (SQLite in lightning_logs/sweeps/NAME/study.db by default, or any
+RDB URL shared by several machines), so the same command again goes on where it stopped, `optuna-dashboard` and
+the `optuna` command read it, and `--parallel N` runs N processes on it. Each trial's runs, summary.csv and
+best.yaml (the best trial's config.yaml: `python train.py --config best.yaml` trains it again) are written beside.
 """
 
+import argparse
+import hashlib
+import itertools
+import logging
+import multiprocessing
+import os
+import shlex
+import signal
 import sys
+from pathlib import Path
 
-from experiments.main import main
+import optuna
+import yaml
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.study import MaxTrialsCallback
+from optuna.trial import TrialState
+
+try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
+    from . import train
+except ImportError:  # python sweep.py in a checkout
+    import train
+
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The sweep's own options, and the rest: train.py's."""
+    parser = argparse.ArgumentParser(prog="sweep.py", allow_abbrev=False, description=__doc__.split("\n")[0],
+                                     usage="sweep.py [--space FILE | --grid KEY=V1,V2 ...] [--trials N] [--seeds N] "
+                                           "[--parallel N] [--name NAME] [--storage URL] [train.py options]")
+    parser.add_argument("--space", help="a YAML file of train.py options to sample: {low, high[, log, step]} or a list")
+    parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,...: every combination (repeatable)")
+    parser.add_argument("--trials", type=int, default=20, help="settings to sample with --space (default 20)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs per setting, seeds S, S+1, ... (S: --seed_everything)")
+    parser.add_argument("--parallel", type=int, default=1, help="processes running trials at once")
+    parser.add_argument("--name", help="the study's name (default: from the command)")
+    parser.add_argument("--storage", help="an Optuna RDB URL (default: sqlite:///lightning_logs/sweeps/NAME/study.db)")
+    opts, rest = parser.parse_known_args(argv)
+    if opts.space and opts.grid:
+        parser.error("give --space or --grid, not both")
+    if min(opts.trials, opts.seeds, opts.parallel) < 1:
+        parser.error("--trials, --seeds and --parallel must be at least 1")
+    return opts, rest
+
+
+def search_space(opts) -> dict:
+    """{train.py option: a range dict, a list of choices, or (grid) a list of values}."""
+    if opts.grid:
+        space = {}
+        for item in opts.grid:
+            key, _, values = item.partition("=")
+            if not values:
+                raise train.UsageError(f"--grid {item}: write KEY=V1,V2,...")
+            space[key.lstrip("-")] = [yaml.safe_load(v) for v in values.split(",")]
+        return space
+    if not opts.space:
+        return {}
+    try:
+        space = yaml.safe_load(Path(opts.space).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise train.UsageError(f"--space {opts.space}: cannot read it as YAML ({e})") from None
+    if not isinstance(space, dict) or not all(isinstance(v, (dict, list)) for v in space.values()):
+        raise train.UsageError(f"--space {opts.space}: a mapping of train.py options to {{low, high}} or lists")
+    for key, spec in space.items():
+        if isinstance(spec, dict) and not ({"low", "high"} <= spec.keys() <= {"low", "high", "log", "step"}):
+            raise train.UsageError(f"--space {opts.space}: {key} needs low and high (and optionally log, step)")
+    return {key.lstrip("-"): spec for key, spec in space.items()}
+
+
+def suggest(trial: optuna.Trial, key: str, spec):
+    if isinstance(spec, list):
+        return trial.suggest_categorical(key, spec)
+    if all(isinstance(spec.get(k, 1), int) for k in ("low", "high", "step")):
+        return trial.suggest_int(key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False))
+    return trial.suggest_float(key, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False))
+
+
+def trial_args(base: list[str], params: dict, seed: int) -> list[str]:
+    return [*base, *(f"--{key}={value}" for key, value in params.items()), f"--seed_everything={seed}"]
+
+
+class Objective:
+    """Trains a trial's setting once per seed; its value is the mean of their val/acc_best."""
+
+    def __init__(self, base: list[str], space: dict, grid: bool, seeds: list[int], folder: Path, threads: str):
+        self.base, self.space, self.grid, self.seeds, self.folder, self.threads = base, space, grid, seeds, folder, threads
+        self.stopped = 0  # the exit code of a signal that stopped a trial
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
+        values = []
+        for i, seed in enumerate(self.seeds):
+            run_dir = self.folder / f"trial_{trial.number:04d}" / (f"seed_{seed}" if len(self.seeds) > 1 else "")
+            args = trial_args(self.base, params, seed)
+            trial.set_user_attr(f"command_seed_{seed}", f"{self.threads}python train.py {shlex.join(args)}")
+            cli = train.TrainCLI(train.expand(args + [f"--trainer.default_root_dir={run_dir}",
+                                                      "--trainer.enable_progress_bar=false",
+                                                      "--trainer.enable_model_summary=false"]))
+            if self.space and not self.grid and i == 0:  # the first seed's curve decides; the others only average
+                from optuna_integration import PyTorchLightningPruningCallback
+
+                cli.trainer.callbacks.append(PyTorchLightningPruningCallback(trial, monitor="val/acc"))
+            try:
+                record = train.fit(cli, verbose=False)
+            except train.Stopped as e:  # Ctrl-C or SIGTERM: the same trial runs again when the sweep goes on
+                retry = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+                RetryHeartbeatStaleTrialCallback()(trial.study, retry)
+                self.stopped = e.exit_code
+                raise KeyboardInterrupt from None  # Optuna ends optimize() on it, whatever it is told to catch
+            values.append(record["val/acc_best"] if record["val/acc_best"] is not None else record["test/acc"])
+            trial.set_user_attr(f"test_acc_seed_{seed}", record["test/acc"])
+            trial.set_user_attr(f"log_dir_seed_{seed}", record["log_dir"])
+            print(f"trial {trial.number} ({', '.join(f'{k}={v}' for k, v in params.items()) or 'as given'}, seed "
+                  f"{seed}): val/acc_best {values[-1]:.4f} in {record['fit_seconds']:.1f} s", flush=True)
+        return sum(values) / len(values)
+
+
+def open_study(name: str, url: str, space: dict, grid: bool, seed: int) -> optuna.Study:
+    """The study (made if new), with this process's sampler and pruner: Optuna keeps neither in the storage."""
+    sampler = optuna.samplers.GridSampler(space, seed=seed) if grid else optuna.samplers.TPESampler(seed=seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=2) if space and not grid else None
+    return optuna.create_study(study_name=name, storage=storage(url), direction="maximize", sampler=sampler,
+                               pruner=pruner, load_if_exists=True)
+
+
+def work(name: str, url: str, objective: Objective, trials: int, threads: int | None, worker: int = 0) -> int:
+    """One process's share: trials until the study has `trials` complete or pruned ones (or the grid is done);
+    the exit code of a signal that stopped it, else 0."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # TPE: each process its own seed, or they would all sample the same settings. A grid: the same seed everywhere,
+    # which orders the grid, so that trial number N is setting N in every process.
+    study = open_study(name, url, objective.space, objective.grid, objective.seeds[0] + worker * (not objective.grid))
+    try:
+        # One trial per optimize() call, and only while there is work left: several processes on one study
+        # neither run more trials than asked nor (with a grid) a setting twice.
+        while work_left(study, objective, trials):
+            study.optimize(objective, n_trials=1, catch=(Exception,))
+    except KeyboardInterrupt:
+        return objective.stopped or 130
+    return 0
+
+
+def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
+    """A trial waiting (one to run again), a grid setting without a trial, or fewer finished trials than asked."""
+    existing = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in existing):
+        return True
+    if objective.grid:
+        tried = [t.params for t in existing]
+        return any(dict(zip(objective.space, point)) not in tried for point in itertools.product(*objective.space.values()))
+    return sum(t.state in DONE for t in existing) < trials
+
+
+def run_workers(name: str, url: str, objective: Objective, trials: int, parallel: int, threads: int) -> int:
+    """`parallel` processes running trials (this one, for 1); the exit code."""
+    if parallel == 1:
+        return work(name, url, objective, trials, threads)
+    context = multiprocessing.get_context("spawn")  # not fork: a fresh interpreter per worker, whatever this one holds
+    workers = [context.Process(target=worker_main, args=(name, url, objective, trials, threads, i))
+               for i in range(parallel)]
+    for w in workers:
+        w.start()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: [w.terminate() for w in workers])
+    code = 0
+    try:
+        while any(w.is_alive() for w in workers):
+            try:
+                for w in workers:
+                    w.join()
+            except KeyboardInterrupt:  # the workers had it too, from the terminal: they stop after their step
+                code = 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return code or max((w.exitcode for w in workers if w.exitcode and w.exitcode > 0), default=0)
+
+
+def worker_main(*args) -> None:
+    sys.exit(work(*args))
+
+
+def storage(url: str) -> RDBStorage:
+    # Heartbeats: a trial whose process died (kill -9, a lost machine) is failed after a minute and run again.
+    return RDBStorage(url, heartbeat_interval=20, grace_period=60,
+                      failed_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+
+
+def summary(study: optuna.Study, folder: Path) -> str:
+    """summary.csv and best.yaml in `folder`, and the table to print."""
+    frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "duration", "user_attrs"))
+    if frame.empty:
+        return f"Study {study.study_name}: no trials yet"
+    frame.to_csv(folder / "summary.csv", index=False)
+    shown = frame[["number", "state", "value", *[c for c in frame.columns if c.startswith("params_")]]]
+    shown = shown.assign(seconds=frame["duration"].dt.total_seconds().round(1))
+    lines = [f"Study {study.study_name}: {len(frame)} trials in {folder}", shown.to_string(index=False)]
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if complete:
+        best = max(complete, key=lambda t: t.value)
+        log_dir = next(v for k, v in best.user_attrs.items() if k.startswith("log_dir_seed_"))
+        config = yaml.safe_load(Path(log_dir, "config.yaml").read_text())
+        config["trainer"]["default_root_dir"] = None  # a replay logs where its own command runs
+        config["trainer"]["enable_progress_bar"] = None
+        (folder / "best.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        lines.append(f"Best: trial {best.number}, val/acc_best {best.value:.4f} ({best.params or 'as given'}); "
+                     f"python train.py --config {folder / 'best.yaml'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sys.argv[1:] = []
+    try:
+        opts, base = parse(argv)
+        space = search_space(opts)
+        seed = int(train.option(base, "--seed_everything")[0] or 0)
+        # A command line train.py refuses stops the sweep here, before any trial (jsonargparse exits 2).
+        first = {k: (v[0] if isinstance(v, list) else v["low"]) for k, v in space.items()}
+        train.TrainCLI(train.expand(trial_args(base, first, seed) + ["--trainer.logger=false"]))
+        name = opts.name or "sweep-" + hashlib.sha1(repr((base, space, opts.seeds)).encode()).hexdigest()[:8]
+        folder = (Path("lightning_logs") / "sweeps" / name).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        url = opts.storage or f"sqlite:///{folder / 'study.db'}"
+        study = open_study(name, url, space, bool(opts.grid), seed)
+        if study.user_attrs.setdefault("command", base) != base or study.user_attrs.get("space", space) != space:
+            raise train.UsageError(f"the study {name} in {url} was made by another command ("
+                                   f"{shlex.join(study.user_attrs['command'])}); choose another --name")
+        study.set_user_attr("command", base)
+        study.set_user_attr("space", space)
+        trials = opts.trials if opts.space else len(list(itertools.product(*space.values()))) if opts.grid else 1
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cpus // opts.parallel)
+        objective = Objective(base, space, bool(opts.grid), [seed + i for i in range(opts.seeds)], folder,
+                              f"OMP_NUM_THREADS={threads} ")
+        print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
+        code = run_workers(name, url, objective, trials, opts.parallel, threads)
+        print(summary(optuna.load_study(study_name=name, storage=url), folder))
+        if code:
+            print("sweep.py: stopped; the same command goes on with the study", file=sys.stderr)
+        return code
+    except train.UsageError as e:
+        print(f"sweep.py: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

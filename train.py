@@ -1,20 +1,382 @@
 """Train, test and use image classifiers with the Lightning CLI.
 
-    python train.py --model cnn                      # the tutorial CNN on CIFAR-10 (configs/cnn.yaml): fit, then test
-    python train.py --model mlp                      # the tutorial MLP on MNIST (configs/mlp.yaml)
-    python train.py --model mlp --data fashion_mnist --trainer.max_epochs 5 --data.batch_size 256
-    python train.py --config configs/tutorial_cnn.yaml   # the tutorial's exact settings
-    python train.py test --ckpt_path best            # test the newest run's best checkpoint again
+    python train.py --model cnn                        # the CIFAR-10 tutorial's CNN (configs/cnn.yaml): fit, then test
+    python train.py --model mlp --data fashion_mnist   # the MNIST tutorial's MLP (configs/mlp.yaml) on Fashion-MNIST
+    python train.py --model mlp --trainer.max_epochs 5 --data.batch_size 256 --trainer.callbacks+=LearningRateMonitor
+    python train.py --config configs/tutorial_cnn.yaml # the tutorial's exact settings
+    python train.py --model cnn --ckpt_path last       # resume the newest run
+    python train.py test --ckpt_path best              # test the newest run's best checkpoint again
     python train.py predict --ckpt_path best --inputs my_images/
     python train.py export --ckpt_path best --format onnx --output model.onnx
 
-Every run writes lightning_logs/<model>-<data>/version_N/ with TensorBoard events, checkpoints,
-config.yaml and results.json. The code behind it is in cli/.
+Every option is LightningCLI's: `--trainer.*` (any Trainer argument, callback or logger), `--model.*`, `--data.*`,
+`--config FILE`, `--seed_everything`. `--model NAME` is the recipe configs/NAME.yaml, `--data NAME` a data module's
+short name (datamodules.DATA). A run writes lightning_logs/version_N/: TensorBoard events, checkpoints/,
+config.yaml (`--config` of it runs it again) and results.json.
 """
 
+import json
+import signal
 import sys
+import time
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
 
-from cli.main import main
+import torch
+import yaml
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+
+import datamodules
+from datamodules import DataError
+from lit_models import ImageClassifier, ModelError, TrainingSpeed
+
+RECIPES = Path(__file__).resolve().parent / "configs"
+SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
+CHECKPOINT_CALLBACKS = ("lightning.pytorch.callbacks.ModelCheckpoint", "lit_models.LastCheckpoint")
+DEFAULT_CALLBACKS = [  # a Trainer default, so --trainer.callbacks+=X adds to it and a config may replace it
+    {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+     "init_args": {"monitor": "val/acc", "mode": "max", "filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
+                   "auto_insert_metric_name": False}},
+    {"class_path": "lit_models.LastCheckpoint"},
+    {"class_path": "lit_models.TrainingSpeed"},
+]
+
+
+class UsageError(Exception):
+    """A command line that cannot run (exit code 2)."""
+
+
+class Stopped(Exception):
+    """A run stopped by a signal; the message says where and how to go on."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+
+
+def usage() -> str:
+    return (f"train.py [{'|'.join(SUBCOMMANDS)}] [--model {'|'.join(recipes())}] [--data {'|'.join(datamodules.DATA)}] "
+            f"[--config FILE] [--ckpt_path CKPT] [--trainer.*] [--model.*] [--data.*]")
+
+
+class TrainCLI(LightningCLI):
+    """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with the project's defaults.
+
+    Beyond LightningCLI's own: 30 epochs, the checkpoint callbacks and the speed callback as the default
+    `--trainer.callbacks` (`--trainer.enable_checkpointing false` drops the checkpoint ones), bf16 mixed precision
+    on GPUs that have it unless `--trainer.precision` says otherwise, and the options of the use commands.
+    """
+
+    def __init__(self, args: list[str], subcommand: str = "fit", save_config_kwargs: dict | None = None):
+        self.command = subcommand
+        super().__init__(ImageClassifier, subclass_mode_model=True, subclass_mode_data=True, run=False, args=args,
+                         seed_everything_default=0, auto_configure_optimizers=False,
+                         trainer_defaults={"max_epochs": 30, "benchmark": True},
+                         save_config_callback=SaveConfigCallback if subcommand in ("fit", "test", "validate") else None,
+                         save_config_kwargs=save_config_kwargs,
+                         parser_kwargs={"usage": usage(), "description": __doc__.split("\n")[0]})
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({"trainer.callbacks": DEFAULT_CALLBACKS})
+        parser.add_argument("--ckpt_path", type=str | None, default=None,
+                            help="fit: a checkpoint to resume, 'last' (the newest run's) or a run directory; "
+                                 "test/validate/predict/export: the checkpoint to use, a run directory (its best), "
+                                 "or 'best'/'last' of the newest run")
+        if self.command == "predict":
+            parser.add_argument("--inputs", type=list[str] | None, default=None,
+                                help="image files, folders (searched recursively) or globs; none: the test split of "
+                                     "the checkpoint's data set, with its true labels")
+        if self.command in ("predict", "export"):
+            parser.add_argument("--output", type=str | None, default=None,
+                                help="the file to write; default: a new file beside the checkpoint's run")
+        if self.command == "export":
+            parser.add_argument("--format", type=str, default="onnx", help="onnx, torchscript or pt2")
+
+    def before_instantiate_classes(self) -> None:
+        trainer = self.config.trainer
+        if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
+            self.save_config_callback = None
+        if trainer.enable_checkpointing is False:
+            trainer.callbacks = [c for c in trainer.callbacks or [] if c.class_path not in CHECKPOINT_CALLBACKS]
+        if trainer.precision is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
+                and trainer.accelerator in ("auto", "gpu", "cuda"):
+            trainer.precision = "bf16-mixed"  # on a CPU, 32-bit: bf16 autocast is slower there
+        if torch.cuda.is_available():
+            torch.set_float32_matmul_precision("high")  # TF32 for what stays in float32
+
+
+# --- finding checkpoints -----------------------------------------------------------------------------------------
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint file's contents, checked to be an ImageClassifier's."""
+    if not path.is_file():
+        raise UsageError(f"--ckpt_path {path}: no such checkpoint file")
+    try:
+        contents = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # zip, pickle and EOF errors alike: not a whole checkpoint
+        raise ModelError(f"checkpoint {path} cannot be read; it may be truncated or not a checkpoint "
+                         f"({type(e).__name__})") from None
+    hparams = contents.get("hyper_parameters") if isinstance(contents, dict) else None
+    if not isinstance(hparams, dict) or "arch" not in hparams or "state_dict" not in contents:
+        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no arch among its "
+                         f"hyperparameters)")
+    return contents
+
+
+def find_checkpoint(spec: str, prefer: str) -> Path:
+    """The checkpoint `spec` names: a file; a run directory (its `prefer`: best or last); best/last of the newest run
+    under ./lightning_logs (by the time of its newest checkpoint)."""
+    path = Path(spec).expanduser()
+    if spec in ("best", "last") and not path.exists():
+        folders = [f for f in Path("lightning_logs").glob("**/checkpoints") if any(f.glob("*.ckpt"))]
+        if not folders:
+            raise UsageError(f"--ckpt_path {spec}: no run with checkpoints in {Path('lightning_logs').resolve()}")
+        path, prefer = max(folders, key=lambda f: max(c.stat().st_mtime for c in f.glob("*.ckpt"))).parent, spec
+    if not path.is_dir():
+        return path
+    files = sorted((path / "checkpoints").glob("*.ckpt"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        raise UsageError(f"--ckpt_path {spec}: no checkpoints in {path / 'checkpoints'}")
+    if prefer == "best":  # as the newest checkpoint's ModelCheckpoint state records it
+        for state in read_checkpoint(files[-1]).get("callbacks", {}).values():
+            best = Path(state.get("best_model_path") or "") if state.get("monitor") else None
+            if best and (path / "checkpoints" / best.name).is_file():
+                return path / "checkpoints" / best.name
+    last = path / "checkpoints" / "last.ckpt"
+    return last if last.is_file() else files[-1]
+
+
+def option(args: list[str], name: str) -> tuple[str | None, list[str]]:
+    """The value of `--name VALUE` / `--name=VALUE` in args (the last given), and args without it."""
+    value, rest, i = None, [], 0
+    while i < len(args):
+        if args[i] == name and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        elif args[i].startswith(name + "="):
+            value, i = args[i].split("=", 1)[1], i + 1
+        else:
+            rest, i = rest + [args[i]], i + 1
+    return value, rest
+
+
+def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
+    """A use command's arguments: the run's config.yaml, the model as the checkpoint holds it, the user's options."""
+    spec, rest = option(args, "--ckpt_path")
+    if spec is None:
+        raise UsageError(f"{subcommand} needs --ckpt_path: a checkpoint file, a run directory, or best/last")
+    path = find_checkpoint(spec, prefer="best").resolve()
+    contents = read_checkpoint(path)
+    hparams = dict(contents["hyper_parameters"])
+    model = {"class_path": hparams.pop("_class_path", "lit_models.ImageClassifier"),
+             "init_args": {k: v for k, v in hparams.items() if not k.startswith("_")}}
+    config = path.parent.parent / "config.yaml"
+    if config.is_file():
+        base = ["--config", str(config)]
+    else:  # a checkpoint moved out of its run: its data module's own hyperparameters
+        data = dict(contents.get("datamodule_hyper_parameters") or {})
+        if "_class_path" not in data and "--data" not in rest:
+            raise UsageError(f"{path} does not say which data set it was trained on and has no config.yaml beside "
+                             f"its folder: pass --data NAME (and its options)")
+        base = [f"--data={json.dumps({'class_path': data.pop('_class_path'), 'init_args': data})}"] if data else []
+    rank_zero_only(print)(f"Using {path} ({model['init_args']['arch']}, epoch {contents.get('epoch')}, "
+                          f"step {contents.get('global_step')})")
+    return path, expand(base + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
+        ["--ckpt_path", str(path)]
+
+
+def expand(args: list[str], default_recipe: bool = True) -> list[str]:
+    """`--model NAME` as the recipe's `--config` (first, so that what follows overrides it), `--data NAME` as its
+    class path; without a recipe or config, the CNN's."""
+    out, given, i = [], [], 0
+    while i < len(args):
+        key, eq, value = args[i].partition("=")
+        if key in ("--model", "--data") and (eq or i + 1 < len(args)):
+            value = value if eq else args[i + 1]
+            i += 1 if eq else 2
+            if key == "--model" and (RECIPES / f"{value}.yaml").is_file():
+                given += ["--config", str(RECIPES / f"{value}.yaml")]
+            elif key == "--data" and value in datamodules.DATA:
+                out.append(f"--data={datamodules.DATA[value].__module__}.{datamodules.DATA[value].__name__}")
+            elif "." in value or value[:1].isupper() or value.lstrip()[:1] == "{":  # a class path, name or dict
+                out.append(f"{key}={value}")
+            else:
+                names = recipes() if key == "--model" else list(datamodules.DATA)
+                raise UsageError(f"unknown {key} '{value}'; choose one of: {', '.join(names)} (or a class path)")
+        else:
+            out.append(args[i])
+            i += 1
+    if default_recipe and not given and not any(a in ("--config", "-c") or a.startswith("--config=") for a in out) \
+            and not any(a.startswith("--model=") for a in out):
+        given = ["--config", str(RECIPES / "cnn.yaml")]
+    return given + out
+
+
+# --- the commands ------------------------------------------------------------------------------------------------
+
+@contextmanager
+def ctrl_c_stops_after_the_step(stopped: list):
+    """The first Ctrl-C stops training as SIGTERM does, between two steps, with a checkpoint to resume from; a
+    second one stops at once (Lightning's KeyboardInterrupt)."""
+    def handler(signum, frame):
+        stopped.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nStopping after this step (Ctrl-C again to stop at once) ...", file=sys.stderr, flush=True)
+        signal.raise_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def fit(cli: TrainCLI, verbose: bool = True) -> dict:
+    """Fit, then test the best checkpoint (the last weights without one); results.json in the run's directory."""
+    trainer, model, data, ckpt_path = cli.trainer, cli.model, cli.datamodule, cli.config.ckpt_path
+    ctrl_c, start = [], time.perf_counter()
+    try:
+        with ctrl_c_stops_after_the_step(ctrl_c):
+            trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+    except SIGTERMException:
+        last = next((c.last_model_path or c.format_checkpoint_name({}) for c in trainer.checkpoint_callbacks
+                     if c.monitor is None), None)
+        saved = f"saved {last}; add --ckpt_path {last} to the same command to go on" if last and Path(last).is_file() \
+            else "no checkpoint was written"
+        raise Stopped(f"stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} in epoch {trainer.current_epoch} at step "
+                      f"{trainer.global_step}; {saved}", 130 if ctrl_c else 143) from None
+    fit_seconds = time.perf_counter() - start
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    metrics = evaluate(trainer, "test", model, data, best or None, verbose)
+    speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())
+    return report(cli, "fit", metrics, best or None, {
+        "fit_seconds": round(fit_seconds, 2), "train_images_per_second": round(speed.images_per_second, 1),
+        "train_epoch_seconds": [round(s, 4) for s in speed.epoch_seconds]})
+
+
+def evaluate(trainer, stage: str, model, data, ckpt_path: str | None, verbose: bool = True) -> dict:
+    run = trainer.test if stage == "test" else trainer.validate
+    (metrics,) = run(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True, verbose=verbose)
+    if trainer.received_sigterm:  # Lightning stops training on SIGTERM, not testing: never report such a test
+        raise Stopped(f"stopped by SIGTERM while {stage}ing; the checkpoint is unchanged", 143)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(stage)} | metrics
+    return metrics | {"val/acc_best": float(model.val_acc_best.compute()) if model.val_acc_best.update_count else None}
+
+
+def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, extra: dict) -> dict:
+    """The record of a run: printed in one line, and written as results.json in its log directory."""
+    trainer, model = cli.trainer, cli.model
+    split = "val" if stage == "validate" else "test"
+    record = {"stage": stage, "model": model.hparams.arch,
+              "data": getattr(cli.datamodule, "name", "") or type(cli.datamodule).__name__,
+              f"{split}/acc": metrics.get(f"{split}/acc"), f"{split}/loss": metrics.get(f"{split}/loss"),
+              "val/acc_best": metrics.get("val/acc_best"), **extra,
+              "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+              "device": str(trainer.strategy.root_device), "precision": str(trainer.precision),
+              "seed": cli.config.seed_everything, "checkpoint": checkpoint,
+              "log_dir": trainer.log_dir if trainer.loggers else None,
+              f"{split}/acc_per_class": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
+                                         if k.startswith(f"{split}/acc_class/")} or None}
+    if trainer.is_global_zero:
+        if record["log_dir"]:
+            Path(record["log_dir"], "results.json").write_text(json.dumps(record, indent=2) + "\n")
+        best = record["val/acc_best"]
+        print(f"{record['model']} on {record['data']}: {split}/acc {record[f'{split}/acc']:.4f}",
+              f"(best val/acc {best:.4f})" if best is not None else "(no validation)",
+              f"after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s" if stage == "fit" else
+              f"from {checkpoint}", f"on {record['device']};",
+              f"logs in {record['log_dir']}" if record["log_dir"] else "no logger", flush=True)
+    return record
+
+
+def use(subcommand: str, args: list[str]) -> dict:
+    """test / validate / predict / export a checkpoint, with its run's configuration and the user's overrides."""
+    path, args = replay_args(args, subcommand)
+    cli = TrainCLI(args, subcommand)
+    if subcommand in ("test", "validate"):
+        return report(cli, subcommand, evaluate(cli.trainer, subcommand, cli.model, cli.datamodule, str(path)),
+                      str(path), {})
+    from lit_models import export
+
+    cli.model.load_state_dict(read_checkpoint(path)["state_dict"])  # checked already: no Trainer restore needed
+    if subcommand == "export":
+        return export.export(cli.model, cli.datamodule, path, cli.config.format, cli.config.output)
+    return export.predict(cli.trainer, cli.model, cli.datamodule, path, cli.config.inputs, cli.config.output)
+
+
+def run(argv: list[str]) -> dict:
+    """Run one command line in this process; its record."""
+    subcommand = argv[0] if argv and argv[0] in SUBCOMMANDS else "fit"
+    args = argv[1:] if argv and argv[0] == subcommand else argv
+    if args and not args[0].startswith("-"):
+        raise UsageError(f"unknown subcommand '{args[0]}'; choose one of: {', '.join(SUBCOMMANDS)}")
+    if subcommand != "fit":
+        if "--help" in args or "-h" in args:
+            TrainCLI(expand(args, default_recipe=False), subcommand)  # prints its options and exits
+        return use(subcommand, args)
+    spec, rest = option(args, "--ckpt_path")
+    kwargs = {}
+    if spec is not None:
+        path = find_checkpoint(spec, prefer="last").resolve()
+        rank_zero_only(print)(f"Resuming {path}")
+        rest += ["--ckpt_path", str(path)]
+        run_dir = path.parent.parent
+        if path.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() \
+                and option(rest, "--trainer.logger")[0] is None:
+            # Lightning's default logger would start a new version: go on in the run's own directory instead.
+            logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {
+                "save_dir": str(run_dir.parent.parent), "name": run_dir.parent.name, "version": run_dir.name}}
+            rest.append(f"--trainer.logger={json.dumps(logger)}")
+            kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
+    return fit(TrainCLI(expand(rest), **kwargs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sys.argv[1:] = []  # handed to LightningCLI as `args`, expanded; it warns when it also sees them here
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    try:
+        run(argv)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # gloo's threads would abort the interpreter's exit
+        return 0
+    except SystemExit as e:  # jsonargparse: a help printed (0) or a command-line error reported (2)
+        return e.code if isinstance(e.code, int) else 0
+    except Exception as e:
+        code, message = explain(e)
+        if code is None or verbose:
+            traceback.print_exc()
+        if code is None:
+            return 1
+        print(f"train.py: error: {message}", file=sys.stderr)
+        return code
+
+
+def explain(e: Exception) -> tuple[int | None, str]:
+    """The exit code and one line for what a user can fix; (None, "") for a bug."""
+    if isinstance(e, Stopped):
+        return e.exit_code, str(e)
+    if isinstance(e, (UsageError, MisconfigurationException)):
+        return 2, str(e)
+    if isinstance(e, (DataError, ModelError)):
+        return 1, str(e)
+    if isinstance(e, torch.OutOfMemoryError):
+        return 1, "out of memory on the device: try a smaller --data.batch_size (or --data.on_device false)"
+    if isinstance(e, ModuleNotFoundError):
+        return 1, f"this needs the package '{e.name}', not installed here (pip install {e.name})"
+    if isinstance(e, OSError) and e.strerror:
+        return 1, f"{e.strerror}: {e.filename or ''} (checkpoints written before are whole)"
+    if isinstance(e, yaml.YAMLError):
+        return 2, f"a config file is not valid YAML ({type(e).__name__})"
+    return None, ""
+
 
 if __name__ == "__main__":
     sys.exit(main())

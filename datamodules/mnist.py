@@ -2,77 +2,67 @@
 
 import gzip
 from pathlib import Path
-from urllib.error import URLError
 
 import torch
-from jsonargparse.typing import PositiveInt
 from torchvision.datasets import MNIST, FashionMNIST
 
-from datamodules.base import DataSetupError, ImageDataModule, download_failure
+from datamodules.base import DataError, ImageDataModule
+
+
+def download_error(error: Exception) -> str:
+    """The last line of a download error (torchvision's list one line per mirror tried)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
 
 
 class MNISTDataModule(ImageDataModule):
     """MNIST (`--data mnist`), downloaded by torchvision into `data_dir/MNIST/raw/`.
 
-    No augmentation by default (a flipped digit is another digit). The other arguments are
-    ImageDataModule's.
+    No augmentation by default (a flipped digit is another digit). The arguments are ImageDataModule's.
     """
 
     name = "mnist"
-    dataset_class = MNIST
+    dataset = MNIST
     classes = list(MNIST.classes)
+    image_shape = (1, 28, 28)
 
-    def __init__(self, data_dir: str = "./data", batch_size: PositiveInt = 1536, **kwargs):
+    def __init__(self, data_dir: str = "./data", batch_size: int = 1536, **kwargs):
         super().__init__(data_dir=data_dir, batch_size=batch_size, **kwargs)
 
     @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return (1, 28, 28)
-
-    @property
     def raw_folder(self) -> Path:
-        return self.data_dir / self.dataset_class.__name__ / "raw"
+        return Path(self.data_dir).expanduser() / self.dataset.__name__ / "raw"
 
-    def source_files(self, split: str) -> list[Path]:
-        prefix = "train" if split == "train" else "t10k"
-        return [self.raw_folder / f"{prefix}-images-idx3-ubyte", self.raw_folder / f"{prefix}-labels-idx1-ubyte"]
-
-    def fetch(self) -> None:
-        self._extract_local_archives()
-        if all(f.is_file() for f in self.source_files("train") + self.source_files("test")):
-            return
-        root = self.writable_data_dir()
-        try:
-            self.dataset_class(root, train=True, download=True)
-        except (URLError, OSError, RuntimeError) as e:
-            files = ", ".join(name for name, _ in self.dataset_class.resources)
-            raise DataSetupError(
-                f"{self.dataset_class.__name__} is not in {self.raw_folder} and could not be downloaded "
-                f"({download_failure(e)}). Put its four IDX files there, gzipped or not: {files} "
-                f"(from {self.dataset_class.mirrors[0]}), or pass --data.data_dir with the folder "
-                f"that holds {self.dataset_class.__name__}/raw/.") from None
-
-    def _extract_local_archives(self) -> None:
-        """Decompress .gz files a user put into raw/ by hand.
-
-        torchvision only uses a .gz it finds there if its md5 is the original's; re-packaged copies
-        (Debian's dataset-fashion-mnist, say) hold the same IDX bytes in a different gzip stream. The
-        IDX reader still checks what is inside.
-        """
-        for name, _ in self.dataset_class.resources:
+    def prepare_data(self) -> None:
+        # torchvision takes a .gz put into raw/ only if its md5 is the original's; a re-packed copy (Debian's
+        # dataset-fashion-mnist) holds the same IDX bytes in another gzip stream. The IDX reader checks them.
+        for name, _ in self.dataset.resources:
             archive, target = self.raw_folder / name, self.raw_folder / name.removesuffix(".gz")
             if archive.is_file() and not target.is_file():
-                tmp = target.with_name(target.name + ".part")
                 try:
-                    tmp.write_bytes(gzip.decompress(archive.read_bytes()))
-                except (OSError, EOFError, gzip.BadGzipFile) as e:
-                    tmp.unlink(missing_ok=True)
-                    raise DataSetupError(f"{archive} is not a readable gzip file ({e})") from None
-                tmp.replace(target)
+                    target.with_suffix(".part").write_bytes(gzip.decompress(archive.read_bytes()))
+                except (OSError, EOFError) as e:
+                    raise DataError(f"{archive} is not a readable gzip file ({e})") from None
+                target.with_suffix(".part").replace(target)
+        names = [name.removesuffix(".gz") for name, _ in self.dataset.resources]
+        if all((self.raw_folder / name).is_file() for name in names):
+            return
+        if not self.download:
+            raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} (and --data.download is false)")
+        try:
+            self.dataset(Path(self.data_dir).expanduser(), download=True)
+        except (OSError, RuntimeError) as e:
+            raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} and could not be downloaded "
+                            f"({download_error(e)}). Put its four IDX files there, gzipped or not: {', '.join(names)}, "
+                            f"or pass --data.data_dir with the folder that holds {self.dataset.__name__}/raw/") from None
 
-    def decode(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        ds = self.dataset_class(self.data_dir, train=split == "train", download=False)
-        return ds.data.unsqueeze(1).contiguous(), ds.targets
+    def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            data = self.dataset(Path(self.data_dir).expanduser(), train=split == "train")
+        except (OSError, RuntimeError, ValueError, AssertionError) as e:  # missing, truncated or foreign IDX files
+            raise DataError(f"cannot read {self.dataset.__name__}'s {split} files in {self.raw_folder} "
+                            f"({type(e).__name__}: {e}); replace them with whole copies") from None
+        return data.data.unsqueeze(1).contiguous(), data.targets
 
 
 class FashionMNISTDataModule(MNISTDataModule):
@@ -82,5 +72,5 @@ class FashionMNISTDataModule(MNISTDataModule):
     """
 
     name = "fashion_mnist"
-    dataset_class = FashionMNIST
+    dataset = FashionMNIST
     classes = list(FashionMNIST.classes)

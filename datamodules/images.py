@@ -1,0 +1,121 @@
+"""Image files as uint8 tensors: one decoder for training on a folder, predicting files and `model.classify`.
+
+Whatever PIL opens: 16- and 32-bit integer images are scaled by their bit depth (65535 -> 255, as torchvision's
+`ToDtype(torch.uint8, scale=True)` does), float images read as 0..1 (clipped), and transparent pixels are shown
+over white, as a viewer shows them (PIL's own `convert` clips 16-bit values and drops transparency).
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """A high-bit-depth image ("I;16...", "I", "F") as an 8-bit grey ("L") image."""
+    values = np.asarray(image)
+    if image.mode == "F":
+        out = np.clip(np.nan_to_num(values.astype(np.float64), nan=0.0), 0, 1) * (256 - 1e-3)
+        return Image.fromarray(out.astype(np.uint8), "L")
+    bits = 16  # what PNG, PGM and 16-bit TIFFs hold; a TIFF says how many bits it has
+    if 258 in getattr(image, "tag_v2", {}):
+        bits = image.tag_v2[258][0] if isinstance(image.tag_v2[258], tuple) else image.tag_v2[258]
+    values = values.astype(np.int64) & (2 ** bits - 1) if bits == 32 else values.astype(np.int64)
+    return Image.fromarray((np.clip(values, 0, 2 ** bits - 1) >> (bits - 8)).astype(np.uint8), "L")
+
+
+def decode(image: Image.Image, channels: int) -> Image.Image:
+    """`image` as 8-bit grey (channels 1) or RGB (channels 3)."""
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+        image = to_8bit(image)
+    elif image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
+    mode = "L" if channels == 1 else "RGB"
+    return image if image.mode == mode else image.convert(mode)
+
+
+def fit_image(image: Image.Image, image_shape: tuple[int, int, int]) -> torch.Tensor:
+    """A PIL image as uint8 (C, H, W) of `image_shape`: decoded, then, if its size differs, scaled to cover H x W
+    and centre-cropped (torchvision's Resize + CenterCrop)."""
+    channels, height, width = image_shape
+    image = decode(image, channels)
+    if image.size != (width, height):
+        image = ImageOps.fit(image, (width, height), Image.Resampling.BILINEAR)
+    return torch.from_numpy(np.asarray(image, dtype=np.uint8).reshape(height, width, channels).transpose(2, 0, 1).copy())
+
+
+def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:
+    """A uint8 batch (N, C, H, W) from a uint8 tensor (N, C, H, W) or (C, H, W), a PIL image, or a list of them."""
+    if isinstance(images, Image.Image):
+        images = [images]
+    if isinstance(images, (list, tuple)):
+        images = torch.stack([fit_image(i, image_shape) if isinstance(i, Image.Image) else torch.as_tensor(i)
+                              for i in images])
+    if images.dtype != torch.uint8:
+        raise TypeError(f"classify takes uint8 images (0..255) or PIL images, not {images.dtype} tensors")
+    images = images.unsqueeze(0) if images.dim() == 3 else images
+    if tuple(images.shape[1:]) != tuple(image_shape):
+        raise ValueError(f"this model takes images of shape {tuple(image_shape)}, not {tuple(images.shape[1:])}; "
+                         f"pass PIL images to have them resized")
+    return images
+
+
+def find_images(folder: Path) -> list[Path]:
+    """The image files under `folder` (by extension, sorted), following links but reading each real folder and
+    file once: a link loop, or a link to images listed already, adds nothing."""
+    found, seen = [], set()
+    for directory, subdirs, files in os.walk(folder, followlinks=True):
+        real = os.stat(directory)
+        if (real.st_dev, real.st_ino) in seen:
+            subdirs.clear()
+            continue
+        seen.add((real.st_dev, real.st_ino))
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        for name in sorted(files):
+            path = Path(directory, name)
+            try:
+                st = path.stat()
+            except OSError:  # a dangling link: listed, so that reading it names it
+                st = None
+            if name.lower().endswith(IMG_EXTENSIONS) and (st is None or (st.st_dev, st.st_ino) not in seen):
+                found.append(path)
+                if st is not None:
+                    seen.add((st.st_dev, st.st_ino))
+    return found
+
+
+class ImageFiles(Dataset):
+    """Image files as `(uint8 image (C, H, W), error)`, for a DataLoader's worker processes to decode.
+
+    A file that cannot be read gives a blank image and the reason, so that the caller decides: a training set
+    refuses it, a prediction skips it. `size` (height, width): resize to it; None: keep each file's size (a batch
+    then needs them all alike).
+    """
+
+    def __init__(self, paths: list[Path], channels: int, size: tuple[int, int] | None):
+        self.paths, self.channels, self.size = list(paths), channels, size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+        try:
+            with Image.open(self.paths[i]) as image:
+                image.load()  # reads the whole file: where a truncated one fails
+                size = self.size or (image.height, image.width)
+                return fit_image(image, (self.channels, *size)), ""
+        except Exception as e:  # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
+            return torch.zeros(self.channels, *(self.size or (1, 1)), dtype=torch.uint8), f"{type(e).__name__}: {e}"
+
+    @staticmethod
+    def collate(items: list[tuple[torch.Tensor, str]]):
+        """A batch as (images, {index in the batch: error}) when the images have one size, else the list."""
+        errors = {i: error for i, (_, error) in enumerate(items) if error}
+        images = [image for image, _ in items]
+        same = all(image.shape == images[0].shape for image in images)
+        return (torch.stack(images) if same else images), errors
