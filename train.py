@@ -298,7 +298,7 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
 def use(subcommand: str, args: list[str]) -> dict:
     """test / validate / predict / export a checkpoint, with its run's configuration and the user's overrides."""
     path, args = replay_args(args, subcommand)
-    cli = TrainCLI(args, subcommand)
+    cli = build(args, subcommand)
     if subcommand in ("test", "validate"):
         return report(cli, subcommand, evaluate(cli.trainer, subcommand, cli.model, cli.datamodule, str(path)),
                       str(path), {})
@@ -318,7 +318,7 @@ def run(argv: list[str]) -> dict:
         raise UsageError(f"unknown subcommand '{args[0]}'; choose one of: {', '.join(SUBCOMMANDS)}")
     if subcommand != "fit":
         if "--help" in args or "-h" in args:
-            TrainCLI(expand(args, default_recipe=False), subcommand)  # prints its options and exits
+            build(expand(args, default_recipe=False), subcommand)  # prints its options and exits
         return use(subcommand, args)
     spec, rest = option(args, "--ckpt_path")
     kwargs = {}
@@ -334,7 +334,7 @@ def run(argv: list[str]) -> dict:
                 "save_dir": str(run_dir.parent.parent), "name": run_dir.parent.name, "version": run_dir.name}}
             rest.append(f"--trainer.logger={json.dumps(logger)}")
             kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
-    return fit(TrainCLI(expand(rest), **kwargs))
+    return fit(build(expand(rest), **kwargs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,23 +359,40 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
-def explain(e: Exception) -> tuple[int | None, str]:
-    """The exit code and one line for what a user can fix; (None, "") for a bug."""
-    if isinstance(e, Stopped):
-        return e.exit_code, str(e)
-    if isinstance(e, (UsageError, MisconfigurationException)):
-        return 2, str(e)
-    if isinstance(e, (DataError, ModelError)):
-        return 1, str(e)
-    if isinstance(e, torch.OutOfMemoryError):
-        return 1, "out of memory on the device: try a smaller --data.batch_size (or --data.on_device false)"
-    if isinstance(e, ModuleNotFoundError):
-        return 1, f"this needs the package '{e.name}', not installed here (pip install {e.name})"
-    if isinstance(e, OSError) and e.strerror:
-        return 1, f"{e.strerror}: {e.filename or ''} (checkpoints written before are whole)"
-    if isinstance(e, yaml.YAMLError):
-        return 2, f"a config file is not valid YAML ({type(e).__name__})"
+def explain(error: BaseException) -> tuple[int | None, str]:
+    """The exit code and one line for what a user can fix, found among the error and its causes (jsonargparse
+    wraps what a class raises while it builds it); (None, "") for a bug."""
+    for e in causes(error):
+        if isinstance(e, Stopped):
+            return e.exit_code, str(e)
+        if isinstance(e, (UsageError, MisconfigurationException)):
+            return 2, str(e)
+        if isinstance(e, (DataError, ModelError)):
+            return 1, str(e)
+        if isinstance(e, torch.OutOfMemoryError):
+            return 1, "out of memory on the device: try a smaller --data.batch_size (or --data.on_device false)"
+        if isinstance(e, ModuleNotFoundError):
+            return 1, f"this needs the package '{e.name}', not installed here (pip install {e.name})" if e.name else str(e)
+        if isinstance(e, OSError) and e.strerror:
+            return 1, f"{e.strerror}: {e.filename or ''}"
     return None, ""
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    chain = [error]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 20:
+        chain.append(cause)
+    return chain
+
+
+def build(args: list[str], subcommand: str = "fit", **kwargs) -> TrainCLI:
+    """TrainCLI(args): a class that cannot be built from the command line is the command line's error (exit 2)."""
+    try:
+        return TrainCLI(args, subcommand, **kwargs)
+    except (ValueError, TypeError) as e:
+        if explain(e)[0] is not None:
+            raise
+        raise UsageError(f"the command line does not build: {e}") from e
 
 
 if __name__ == "__main__":

@@ -64,22 +64,24 @@ class DeviceBatches:
     """An iterable of `(uint8 images, labels)` batches cut from tensors on one device: a batch is one
     `index_select`, and its crops and flips a few batched tensor ops where the images are.
 
-    With `shuffle` (training), the order of epoch e is a function of `(seed, e)` and the augmentation of its batch
-    i of `(seed, e, i, rank)`; only full batches are yielded. Lightning announces each epoch through
-    `loader.sampler.set_epoch(e)`, as it does for a DistributedSampler. Under DDP, rank r of w takes every w-th
-    image of the shared permutation, cut to the same number of batches on every rank. Without `shuffle`
-    (evaluation), the ranks take disjoint contiguous parts, and every image is seen exactly once.
+    For training (`train`): only full batches, in an order that is a function of `(seed, e)` in epoch e (the same
+    order every epoch without `shuffle`), the augmentation of batch i a function of `(seed, e, i, rank)`. Lightning
+    announces each epoch through `loader.sampler.set_epoch(e)`, as it does for a DistributedSampler. Under DDP, rank
+    r of w takes every w-th image of that order, cut to the same number of batches on every rank. For evaluation,
+    the ranks take disjoint contiguous parts, and every image is seen exactly once.
 
     It is resumable as Lightning asks (`state_dict`/`load_state_dict`): the epoch and the batches it yielded, so a
     run resumed mid-epoch trains exactly the batches it would have.
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, shuffle: bool = False,
-                 crop_padding: int = 0, flip: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1):
-        self.images, self.labels, self.batch_size, self.shuffle = images, labels, batch_size, shuffle
-        self.crop_padding, self.flip, self.seed, self.rank, self.world_size = crop_padding, flip, seed, rank, world_size
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, train: bool = False,
+                 shuffle: bool = True, crop_padding: int = 0, flip: bool = False, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
+        self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
+        self.shuffle, self.crop_padding, self.flip, self.seed = shuffle and train, crop_padding, flip, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.yielded, self._resume = 0, 0, None
-        if shuffle:
+        if train:
             self.num_samples = len(images) // world_size
             self.num_batches = self.num_samples // batch_size
         else:
@@ -110,12 +112,14 @@ class DeviceBatches:
         generator = torch.Generator(device=device)
         start, self._resume = (self._resume or {}).get("batches", 0) if (self._resume or {}).get("epoch") == \
             self.epoch else 0, None
-        if self.shuffle:
+        if not self.train:
+            order = self.indices
+        elif self.shuffle:
             order = torch.randperm(len(self.images), device=device,
                                    generator=generator.manual_seed(mix_seed(self.seed, self.epoch)))
             order = order[self.rank::self.world_size][:self.num_samples]
         else:
-            order = self.indices
+            order = torch.arange(len(self.images), device=device)[self.rank::self.world_size][:self.num_samples]
         for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
             # index_select, not images[index]: on a CPU advanced indexing of uint8 images is many times slower.
@@ -233,9 +237,11 @@ class ImageDataModule(L.LightningDataModule):
         if len(images) // world_size < self.batch_size:
             raise DataError(f"--data.batch_size {self.batch_size} is more than the {len(images) // world_size} training "
                             f"images of each of {world_size} process(es): not one full batch")
-        # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed).
-        batches = DeviceBatches(images, labels, self.batch_size, shuffle=True, crop_padding=self.crop_padding,
-                                flip=self.flip, seed=torch.initial_seed(), rank=rank, world_size=world_size)
+        # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed). overfit_batches: the
+        # same batches every epoch, as Lightning does with a DataLoader.
+        batches = DeviceBatches(images, labels, self.batch_size, train=True, crop_padding=self.crop_padding,
+                                flip=self.flip, seed=torch.initial_seed(), rank=rank, world_size=world_size,
+                                shuffle=self.trainer is None or not self.trainer.overfit_batches)
         if self._train_state is not None:
             batches.load_state_dict(self._train_state)
             self._train_state = None

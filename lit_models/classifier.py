@@ -83,8 +83,6 @@ class ImageClassifier(L.LightningModule):
 
     def _build(self) -> None:
         hp = self.hparams
-        if hp.class_names is None:
-            hp.class_names = [str(i) for i in range(hp.num_classes)]
         if len(hp.mean) != hp.image_shape[0] or len(hp.std) != hp.image_shape[0] or min(hp.std) <= 0:
             raise ModelError(f"mean {hp.mean} and std {hp.std} need one value per channel of {tuple(hp.image_shape)} "
                              f"images, and std > 0")
@@ -105,30 +103,42 @@ class ImageClassifier(L.LightningModule):
         self.register_buffer("std", torch.tensor(hp.std, dtype=torch.float32).view(1, -1, 1, 1))
         self.test_confusion = MulticlassConfusionMatrix(hp.num_classes, validate_args=False)
 
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.hparams.class_names or map(str, range(self.hparams.num_classes)))
+
     def setup(self, stage: str) -> None:
-        """Take what the model does not know yet from the data module; refuse data it was not built for."""
+        """Refuse data the model was not built for (and take its class names if it has none)."""
         data = self.trainer.datamodule
-        if self.net is None:
-            if data is None:
-                raise ModelError("ImageClassifier needs image_shape, num_classes, mean and std, or a data module")
-            hp = self.hparams
-            for name, value in (("image_shape", lambda: tuple(data.image_shape)), ("num_classes", lambda: len(data.classes)),
-                                ("class_names", lambda: list(data.classes)), ("mean", lambda: list(data.mean)),
-                                ("std", lambda: list(data.std))):
-                if hp[name] is None:
-                    hp[name] = value()
-            self._build()
-        elif data is not None:
+        if self.net is not None and data is not None:
+            if self.hparams.class_names is None and len(getattr(data, "classes", ())) == self.hparams.num_classes:
+                self.hparams.class_names = list(data.classes)
             self.check_data(data)
+
+    def configure_model(self) -> None:
+        """Build the network, taking what the model does not know yet from the data module (Lightning calls this
+        hook before it configures the optimizers, and callbacks such as WeightAveraging call it earlier)."""
+        if self.net is not None:
+            return
+        data = self.trainer.datamodule
+        if data is None:
+            raise ModelError("ImageClassifier needs image_shape, num_classes, mean and std, or a data module")
+        hp = self.hparams
+        for name, value in (("image_shape", lambda: tuple(data.image_shape)), ("num_classes", lambda: len(data.classes)),
+                            ("class_names", lambda: list(data.classes)), ("mean", lambda: list(data.mean)),
+                            ("std", lambda: list(data.std))):
+            if hp[name] is None:
+                hp[name] = value()
+        self._build()
 
     def check_data(self, data) -> None:
         """A ModelError if `data`'s images or classes are not the ones this model was built for."""
         hp = self.hparams
         shape, classes = getattr(data, "image_shape", None), getattr(data, "classes", None)
         if (shape is not None and tuple(shape) != tuple(hp.image_shape)) or \
-                (classes is not None and list(classes) != list(hp.class_names)):
+                (classes is not None and list(classes) != self.class_names):
             raise ModelError(f"this model takes {tuple(hp.image_shape)} images of {hp.num_classes} classes "
-                             f"({', '.join(hp.class_names[:3])}, ...); the data module "
+                             f"({', '.join(self.class_names[:3])}, ...); the data module "
                              f"{type(data).__name__} has {tuple(shape or ())} images of {len(classes or [])} classes "
                              f"({', '.join((classes or [])[:3])}, ...)")
 
@@ -229,7 +239,7 @@ class ImageClassifier(L.LightningModule):
         confusion = self.test_confusion.compute()  # rows: true class, columns: predicted
         self.test_confusion.reset()
         per_class = confusion.diag() / confusion.sum(1)  # NaN for a class without test images
-        self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(self.hparams.class_names, per_class)},
+        self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(self.class_names, per_class)},
                       sync_dist=True)
 
     def predict_step(self, batch, batch_idx):

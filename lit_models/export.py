@@ -123,7 +123,7 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
     target = Path(output).expanduser() if output else \
         new_file(checkpoint.parent.parent, f"predictions-{datetime.now():%Y%m%d-%H%M%S}", ".csv")
     with WrittenWhole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
-        writer = CSVPredictions(file, model.hparams.class_names, [str(p) for p in paths] if paths else None)
+        writer = CSVPredictions(file, model.class_names, [str(p) for p in paths] if paths else None)
         trainer.callbacks.append(writer)
         start = time.perf_counter()
         trainer.predict(model, dataloaders=loader, datamodule=None if loader else data, return_predictions=False)
@@ -136,7 +136,7 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
             print(f"{row[0]}  {row[1]} ({float(row[2]):.3f})" +
                   "".join(f"; {row[i]} {float(row[i + 1]):.3f}" for i in range(3, len(row) - 1, 2)))
     else:
-        width = max(len(name) for name in model.hparams.class_names)
+        width = max(len(name) for name in model.class_names)
         print("GroundTruth:  " + " ".join(f"{row[-1]:{width}s}" for row in shown).rstrip())
         print("Predicted:    " + " ".join(f"{row[1]:{width}s}" for row in shown).rstrip())
     accuracy = None if paths else writer.correct / len(writer.rows)
@@ -175,7 +175,7 @@ def export(model: ImageClassifier, data, checkpoint: Path, fmt: str, output: str
     expected = model.classify(images).numpy()
     servable = Servable(model).eval()
     hp = model.hparams
-    meta = {"classes": json.dumps(list(hp.class_names)), "image_shape": json.dumps(list(hp.image_shape)),
+    meta = {"classes": json.dumps(model.class_names), "image_shape": json.dumps(list(hp.image_shape)),
             "input": "uint8 images (N, C, H, W), 0..255", "output": "class probabilities (N, classes)"}
     batch = torch.export.Dim("batch")
     with WrittenWhole(target, FORMATS[fmt]) as tmp:  # torch.export.load insists on the .pt2 extension

@@ -5,10 +5,14 @@ epochs of either network separate them, and a test can assert accuracy well abov
 """
 
 import gzip
+import json
+import os
 import pickle
 import struct
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -97,3 +101,87 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run in an empty directory, so lightning_logs/ lands there."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+# --- running train.py as a user does ---------------------------------------------------------------------------
+
+TRAIN, SWEEP = str(ROOT / "train.py"), str(ROOT / "sweep.py")
+# Small and quick: no progress bar or model summary (the terminal tests keep the defaults).
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def run_train(args: list[str], quiet: bool = True) -> int:
+    """`python train.py ARGS` in this process (monkeypatches apply); its exit code."""
+    import train
+
+    return train.main([*args, *(QUIET if quiet else [])])
+
+
+def run_process(args: list[str], cwd: Path, script: str = TRAIN, env: dict | None = None, timeout: int = 240,
+                quiet: bool = True) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` (or sweep.py) in a fresh interpreter in `cwd`."""
+    return subprocess.run([sys.executable, script, *args, *(QUIET if quiet else [])], cwd=cwd, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True)
+
+
+def run_in_terminal(args: list[str], cwd: Path, script: str = TRAIN, timeout: int = 240,
+                    env: dict | None = None) -> tuple[int, str]:
+    """`python train.py ARGS` with a pseudo-terminal (150 columns) as its stdout and stderr, as at a shell: progress
+    bars and all. The exit code and what the terminal received."""
+    import fcntl
+    import pty
+    import select
+    import termios
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        os.environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
+        os.execv(sys.executable, [sys.executable, script, *args])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
+    output, deadline = b"", time.time() + timeout
+    while time.time() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            output += data
+    else:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
+
+
+def runs(cwd: Path) -> list[Path]:
+    """The run directories under cwd/lightning_logs, oldest first."""
+    return sorted((cwd / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def results(run: Path) -> dict:
+    return json.loads((run / "results.json").read_text())
+
+
+def scalars(run: Path) -> dict[str, list[float]]:
+    """Every scalar tag in a run's TensorBoard events, its values in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One finished MLP run on MNIST IDX files, shared by a module's tests: its folder and run directory."""
+    cwd = tmp_path_factory.mktemp("trained")
+    data = write_mnist(cwd / "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(cwd)
+        assert run_train(["--model", "mlp", "--data.data_dir", str(data), "--trainer.max_epochs", "3",
+                          "--data.batch_size", "64"]) == 0
+    return SimpleNamespace(cwd=cwd, data=data, run=cwd / "lightning_logs" / "version_0")

@@ -1,0 +1,241 @@
+"""What a Lightning user tries works as Lightning documents it.
+
+Each Trainer flag and callback trains ImageClassifier on tiny real data (MNIST IDX files through torchvision) and, in
+the same way, a plain automatic-optimization LightningModule with the same network, normalisation, loss, optimizer
+and batches: where Lightning defines the result (clipping, accumulation, limits, weight averaging, the finders), the
+two end alike. Then the same flags, callbacks and loggers from the command line.
+"""
+
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import run_train, runs, scalars, write_mnist
+from lightning.pytorch.callbacks import (BatchSizeFinder, EarlyStopping, LearningRateFinder, LearningRateMonitor,
+                                         ModelCheckpoint, StochasticWeightAveraging, WeightAveraging)
+from lightning.pytorch.tuner import Tuner
+from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+from datamodules import MNISTDataModule
+from lit_models import ImageClassifier, TutorialMLP
+
+STEPS_PER_EPOCH = 22  # 540 training images (600 less a tenth for validation) in batches of 24
+
+
+class Reference(L.LightningModule):
+    """A plain LightningModule: the same MLP, normalisation (mean 0.5, std 0.5), loss and SGD."""
+
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.net = TutorialMLP((1, 28, 28), 10)
+        self.lr = lr
+
+    def forward(self, images):
+        return self.net((images.to(self.dtype) / 255 - 0.5) / 0.5)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/acc", (self(batch[0]).argmax(1) == batch[1]).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def ours() -> ImageClassifier:
+    return ImageClassifier("mlp", image_shape=(1, 28, 28), num_classes=10, mean=[0.5], std=[0.5], lr=0.05,
+                           optimizer=torch.optim.SGD)
+
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory):
+    return write_mnist(tmp_path_factory.mktemp("mnist"))
+
+
+def fit(model_factory, data_dir, tmp_path, callbacks=(), tune=None, **flags):
+    """Seed, build, fit; the trainer, the model and its data module."""
+    L.seed_everything(0, verbose=False)
+    model = model_factory()
+    data = MNISTDataModule(str(data_dir), batch_size=24)
+    flags = {"max_epochs": 2, "logger": False, "enable_progress_bar": False, "enable_model_summary": False,
+             "default_root_dir": str(tmp_path), **flags}
+    trainer = L.Trainer(callbacks=[c() for c in callbacks], **flags)
+    if tune:
+        tune(trainer, model, data)
+    trainer.fit(model, datamodule=data)
+    return trainer, model, data
+
+
+def same_weights(a, b, atol=1e-5):
+    return all(torch.allclose(x.float(), y.float(), atol=atol) for x, y in zip(a.net.parameters(), b.net.parameters()))
+
+
+class CountValidations(L.Callback):
+    def __init__(self):
+        self.steps = []
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize("flags, steps", [
+    ({}, 2 * STEPS_PER_EPOCH),
+    ({"gradient_clip_val": 0.05}, 2 * STEPS_PER_EPOCH),
+    ({"gradient_clip_val": 0.001, "gradient_clip_algorithm": "value"}, 2 * STEPS_PER_EPOCH),
+    ({"accumulate_grad_batches": 3}, 2 * 8),  # ceil(22 / 3): the last, short group steps too
+    ({"limit_train_batches": 5}, 10),
+    ({"limit_train_batches": 0.5}, 22),
+    ({"max_steps": 7}, 7),
+    ({"overfit_batches": 2, "max_epochs": 3}, 6),  # see also test_overfit_batches_are_the_same_every_epoch
+    ({"fast_dev_run": True}, 1),
+    ({"precision": "64-true"}, 2 * STEPS_PER_EPOCH),
+    ({"precision": "bf16-true", "max_epochs": 1}, STEPS_PER_EPOCH),
+    ({"precision": "bf16-mixed", "max_epochs": 1}, STEPS_PER_EPOCH),
+])
+def test_trainer_flags_train_as_a_plain_lightning_module_does(flags, steps, mnist, tmp_path):
+    trainer, model, _ = fit(ours, mnist, tmp_path / "ours", **flags)
+    reference_trainer, reference, _ = fit(Reference, mnist, tmp_path / "reference", **flags)
+    assert trainer.global_step == reference_trainer.global_step == steps
+    tolerance = 2e-2 if "bf16" in str(flags.get("precision")) else 1e-5
+    assert same_weights(model, reference, tolerance)
+    if flags.get("precision") in ("64-true", "bf16-true"):
+        assert model.net.fc1.weight.dtype == {"64-true": torch.float64, "bf16-true": torch.bfloat16}[flags["precision"]]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"val_check_interval": 5, "check_val_every_n_epoch": None, "max_steps": 24}, [5, 10, 15, 20]),
+    ({"val_check_interval": 0.5}, [11, 22, 33, 44]),
+    ({"check_val_every_n_epoch": 2, "max_epochs": 4}, [44, 88]),
+])
+def test_validation_runs_when_lightning_says(flags, expected, mnist, tmp_path):
+    counter = CountValidations()
+    fit(ours, mnist, tmp_path, callbacks=[lambda: counter], **flags)
+    assert counter.steps == expected
+
+
+def ema():
+    return WeightAveraging(multi_avg_fn=get_ema_multi_avg_fn(0.9))
+
+
+@pytest.mark.parametrize("callbacks", [
+    [ema],
+    [lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)],
+    [lambda: EarlyStopping(monitor="val/acc", mode="max", patience=0, min_delta=0.5)],
+])
+def test_weight_averaging_and_early_stopping_as_on_a_plain_module(callbacks, mnist, tmp_path):
+    trainer, model, _ = fit(ours, mnist, tmp_path / "ours", callbacks=callbacks, max_epochs=3)
+    reference_trainer, reference, _ = fit(Reference, mnist, tmp_path / "reference", callbacks=callbacks, max_epochs=3)
+    assert trainer.global_step == reference_trainer.global_step
+    assert trainer.current_epoch == reference_trainer.current_epoch
+    assert same_weights(model, reference)
+
+
+def test_overfit_batches_are_the_same_every_epoch(mnist, tmp_path):
+    class Batches(L.Callback):
+        def __init__(self):
+            self.labels = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.labels.append(batch[1].tolist())
+
+    seen = Batches()
+    fit(ours, mnist, tmp_path, callbacks=[lambda: seen], overfit_batches=2, max_epochs=3)
+    assert len(seen.labels) == 6 and seen.labels[:2] == seen.labels[2:4] == seen.labels[4:]
+
+
+def test_checkpoints_every_n_train_steps(mnist, tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "every5", every_n_train_steps=5, save_top_k=-1)
+    fit(ours, mnist, tmp_path, callbacks=[lambda: checkpoint], max_epochs=2)
+    steps = sorted(int(p.stem.split("step=")[1]) for p in (tmp_path / "every5").glob("*.ckpt"))
+    assert steps == [5, 10, 15, 20, 25, 30, 35, 40]
+
+
+@pytest.mark.parametrize("tune", ["callback", "tuner"])
+def test_learning_rate_finder_sets_the_models_lr(tune, mnist, tmp_path):
+    finder = dict(min_lr=1e-4, max_lr=1.0)
+    kwargs = {"callbacks": [lambda: LearningRateFinder(**finder, num_training_steps=20)]} if tune == "callback" else \
+        {"tune": lambda trainer, model, data: Tuner(trainer).lr_find(model, datamodule=data, **finder, num_training=20)}
+    _, model, _ = fit(ours, mnist, tmp_path / "ours", **kwargs)
+    _, reference, _ = fit(Reference, mnist, tmp_path / "reference", **kwargs)
+    assert model.hparams.lr != 0.05
+    assert model.hparams.lr == pytest.approx(reference.lr)
+    assert model.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(model.hparams.lr)
+
+
+def test_batch_size_finder_sets_the_data_modules_batch_size(mnist, tmp_path):
+    finder = partial(BatchSizeFinder, mode="binsearch", steps_per_trial=1, init_val=16, max_trials=3)
+    trainer, _, data = fit(ours, mnist, tmp_path / "ours", callbacks=[finder])
+    reference_trainer, _, reference_data = fit(Reference, mnist, tmp_path / "reference", callbacks=[finder])
+    assert data.batch_size == reference_data.batch_size > 24
+    assert trainer.global_step == reference_trainer.global_step == 2 * (540 // data.batch_size)
+
+
+# --- the same from the command line ----------------------------------------------------------------------------
+
+@pytest.fixture
+def cli_run(mnist, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args):
+        quiet = not any("ProgressBar" in a for a in args)  # a progress bar callback needs enable_progress_bar
+        return run_train(["--model", "mlp", "--data.data_dir", str(mnist), "--data.batch_size", "24",
+                          "--trainer.max_epochs", "2", *args], quiet=quiet)
+    return run
+
+
+@pytest.mark.parametrize("args, check", [
+    (["--trainer.gradient_clip_val", "1.0"], lambda run: (run / "checkpoints" / "last.ckpt").is_file()),
+    (["--trainer.callbacks+=LearningRateMonitor", "--trainer.callbacks.logging_interval=step",
+      "--trainer.log_every_n_steps=5"], lambda run: len(scalars(run)["lr-AdamW"]) == 44 // 5),
+    (["--trainer.callbacks+=RichProgressBar"], None),
+    (["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate=5"], None),
+    (["--trainer.callbacks+=DeviceStatsMonitor"], None),
+    (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=max"],
+     None),
+    (["--trainer.callbacks+=LearningRateFinder", "--trainer.callbacks.num_training_steps=10"], None),
+    (["--trainer.enable_checkpointing", "false"], lambda run: not (run / "checkpoints").exists()),
+    (["--trainer.profiler", "simple"], None),
+    (["--trainer.precision", "bf16-true"], None),
+    (["--trainer.accumulate_grad_batches", "2"], lambda run: __import__("json").loads(
+        (run / "results.json").read_text())["global_step"] == 22),
+])
+def test_command_line_flags_and_callbacks(args, check, cli_run, tmp_path):
+    assert cli_run(*args) == 0
+    (run,) = runs(tmp_path)
+    assert (run / "results.json").is_file()
+    assert check is None or check(run)
+
+
+def test_default_root_dir_is_where_the_run_goes(cli_run, tmp_path):
+    assert cli_run("--trainer.default_root_dir", str(tmp_path / "elsewhere")) == 0
+    assert (tmp_path / "elsewhere" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_without_a_logger_checkpoints_go_to_default_root_dir(cli_run, tmp_path):
+    assert cli_run("--trainer.logger", "false", "--trainer.default_root_dir", "out") == 0
+    assert (tmp_path / "out" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("logger, written", [
+    (["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "csv"], "csv/lightning_logs/version_0/metrics.csv"),
+    (["--trainer.logger", "MLFlowLogger", "--trainer.logger.tracking_uri", "file:./mlruns"], "mlruns"),
+    (["--trainer.logger", "WandbLogger", "--trainer.logger.offline", "true", "--trainer.logger.save_dir", "wb"],
+     "wb/wandb"),
+    (['--trainer.logger=[{"class_path": "CSVLogger", "init_args": {"save_dir": "both"}}, '
+      '{"class_path": "TensorBoardLogger", "init_args": {"save_dir": "both"}}]'], "both/lightning_logs/version_0"),
+])
+def test_loggers(logger, written, cli_run, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 refuses new file stores without it
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert cli_run(*logger) == 0
+    assert (tmp_path / written).exists()
+    csv = next((tmp_path / written.split("/")[0]).glob("**/metrics.csv"), None)
+    if "CSVLogger" in " ".join(logger):
+        header = csv.read_text().splitlines()[0]
+        assert "val/acc" in header and "train/loss" in header
