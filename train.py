@@ -16,6 +16,7 @@ config.yaml (`--config` of it runs it again) and results.json.
 """
 
 import json
+import random
 import signal
 import sys
 import time
@@ -193,14 +194,18 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
 
 def expand(args: list[str], default_recipe: bool = True) -> list[str]:
     """`--model NAME` as the recipe's `--config` (first, so that what follows overrides it), `--data NAME` as its
-    class path; without a recipe or config, the CNN's."""
+    class path; without a recipe or config, the CNN's. `--seed_everything true` as the random seed it asks for
+    (Lightning 2.6's seed_everything(None) takes 0)."""
     out, given, i = [], [], 0
+    seed = str(random.randint(1, 2**31 - 1))
+    args = [seed if a.lower() == "true" and j and args[j - 1] == "--seed_everything" else
+            f"--seed_everything={seed}" if a.lower() == "--seed_everything=true" else a for j, a in enumerate(args)]
     while i < len(args):
         key, eq, value = args[i].partition("=")
         if key in ("--model", "--data") and (eq or i + 1 < len(args)):
             value = value if eq else args[i + 1]
             i += 1 if eq else 2
-            if key == "--model" and (RECIPES / f"{value}.yaml").is_file():
+            if key == "--model" and value in recipes():
                 given += ["--config", str(RECIPES / f"{value}.yaml")]
             elif key == "--data" and value in datamodules.DATA:
                 out.append(f"--data={datamodules.DATA[value].__module__}.{datamodules.DATA[value].__name__}")

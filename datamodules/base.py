@@ -222,7 +222,7 @@ class ImageDataModule(L.LightningDataModule):
                 if size >= n:
                     raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} training images to train on")
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-                parts = {"train": order[size:], "val": order[:size]}
+                parts = {"train": order[size:]} if self.has_val_split else {"train": order[size:], "val": order[:size]}
                 parts = {name: (images.index_select(0, i), labels.index_select(0, i)) for name, i in parts.items()}
             device = self.trainer.strategy.root_device if self.trainer is not None and self.on_device else "cpu"
             self.splits.update({name: (x.to(device), y.to(device)) for name, (x, y) in parts.items()})

@@ -3,6 +3,7 @@
 import hashlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -11,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from datamodules.base import DataError, ImageDataModule
-from datamodules.images import IMG_EXTENSIONS, ImageFiles, find_images
+from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
 
 
 def decode_files(paths: list[Path], channels: int, size: Optional[tuple[int, int]]) -> torch.Tensor:
@@ -60,6 +61,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.root = Path(root).expanduser().resolve()
         self.image_size, self.channels = image_size, channels
         self._decoded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._files: dict[str, list[list[Path]]] = {}
 
     @property
     def classes(self) -> list[str]:
@@ -92,16 +94,26 @@ class ImageFolderDataModule(ImageDataModule):
             self._decoded[split] = self._read(split)
         return self._decoded[split]
 
+    def files(self, split: str) -> tuple[list[Path], list[int]]:
+        """The image files of a split in ImageFolder's order, and their labels (every split is listed at once: a
+        link from one into another is then found)."""
+        if not self._files:
+            splits = ("train", "val", "test") if self.has_val_split else ("train", "test")
+            for other in splits:
+                if self._class_folders(other) != self.classes:
+                    raise DataError(f"{self.root / other} must have the same class folders as {self.root / 'train'}")
+            found = list_images([self.root / other / name for other in splits for name in self.classes])
+            self._files = {other: found[i * len(self.classes):(i + 1) * len(self.classes)] for i, other in
+                           enumerate(splits)}
+        for name, paths in zip(self.classes, self._files[split]):
+            if not paths:
+                raise DataError(f"the class folder {self.root / split / name} has no images "
+                                f"({' '.join(IMG_EXTENSIONS)}), or only links to images read already")
+        return ([path for paths in self._files[split] for path in paths],
+                [label for label, paths in enumerate(self._files[split]) for _ in paths])
+
     def _read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._class_folders(split) != self.classes:
-            raise DataError(f"{self.root / split} must have the same class folders as {self.root / 'train'}")
-        files, labels = [], []
-        for label, name in enumerate(self.classes):
-            found = find_images(self.root / split / name)
-            if not found:
-                raise DataError(f"the class folder {self.root / split / name} has no images ({' '.join(IMG_EXTENSIONS)})")
-            files += found
-            labels += [label] * len(found)
+        files, labels = self.files(split)
         stats = [(str(f), *((st.st_size, st.st_mtime_ns) if (st := _stat(f)) else ())) for f in files]
         key = hashlib.sha1(repr((1, split, self.image_size, self.channels, stats)).encode()).hexdigest()
         settings = hashlib.sha1(repr((str(self.root), self.image_size, self.channels)).encode()).hexdigest()[:10]
@@ -150,7 +162,7 @@ def _save(cached: dict, path: Path) -> None:
             torch.save(cached, file)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        rank_zero_info(f"Warning: could not write the image cache {path} ({e}); decoding again next run")
+        warnings.warn(f"could not write the image cache {path} ({e}); decoding again next run")
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)

@@ -21,11 +21,12 @@ def to_8bit(image: Image.Image) -> Image.Image:
     if image.mode == "F":
         out = np.clip(np.nan_to_num(values.astype(np.float64), nan=0.0), 0, 1) * (256 - 1e-3)
         return Image.fromarray(out.astype(np.uint8), "L")
-    bits = 16  # what PNG, PGM and 16-bit TIFFs hold; a TIFF says how many bits it has
+    bits = 16  # what PNG, PGM (scaled by PIL) and 16-bit TIFFs hold; a TIFF says how many bits it has
     if 258 in getattr(image, "tag_v2", {}):
         bits = image.tag_v2[258][0] if isinstance(image.tag_v2[258], tuple) else image.tag_v2[258]
-    values = values.astype(np.int64) & (2 ** bits - 1) if bits == 32 else values.astype(np.int64)
-    return Image.fromarray((np.clip(values, 0, 2 ** bits - 1) >> (bits - 8)).astype(np.uint8), "L")
+    bits = min(bits, 31)  # 32-bit values are PIL's int32: 0..2^31 - 1, as torchvision scales int32
+    values = np.clip(values.astype(np.int64), 0, 2 ** bits - 1) >> (bits - 8)
+    return Image.fromarray(values.astype(np.uint8), "L")
 
 
 def decode(image: Image.Image, channels: int) -> Image.Image:
@@ -65,28 +66,50 @@ def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:
     return images
 
 
-def find_images(folder: Path) -> list[Path]:
-    """The image files under `folder` (by extension, sorted), following links but reading each real folder and
-    file once: a link loop, or a link to images listed already, adds nothing."""
-    found, seen = [], set()
-    for directory, subdirs, files in os.walk(folder, followlinks=True):
-        real = os.stat(directory)
-        if (real.st_dev, real.st_ino) in seen:
-            subdirs.clear()
-            continue
-        seen.add((real.st_dev, real.st_ino))
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        for name in sorted(files):
-            path = Path(directory, name)
-            try:
-                st = path.stat()
-            except OSError:  # a dangling link: listed, so that reading it names it
-                st = None
-            if name.lower().endswith(IMG_EXTENSIONS) and (st is None or (st.st_dev, st.st_ino) not in seen):
-                found.append(path)
-                if st is not None:
-                    seen.add((st.st_dev, st.st_ino))
-    return found
+def list_images(folders: list[Path]) -> list[list[Path]]:
+    """The image files (by extension) under each of `folders`, sorted, each real file once.
+
+    What lies in a folder is its own; links are followed afterwards, to what was not read already: a link loop, or a
+    link into another class or split, adds nothing (os.walk(followlinks=True) would read a loop until the paths got
+    too long). The folders' parents (a split, the root) count as read.
+    """
+    seen, found, links = set(), [[] for _ in folders], [[] for _ in folders]
+
+    def first_visit(path: Path) -> bool:
+        try:
+            st = path.stat()
+        except OSError:  # a dangling link: listed, so that reading it names it
+            return True
+        key = (st.st_dev, st.st_ino)
+        return key not in seen and not seen.add(key)
+
+    for folder in folders:
+        first_visit(folder.parent)
+        first_visit(folder.parent.parent)
+    for i, folder in enumerate(folders):  # what lies in the folders, without following links
+        for directory, subdirs, files in os.walk(folder):
+            first_visit(Path(directory))
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            for name in sorted(files) + [d for d in subdirs if Path(directory, d).is_symlink()]:
+                path = Path(directory, name)
+                if path.is_symlink():
+                    links[i].append(path)
+                elif name.lower().endswith(IMG_EXTENSIONS) and first_visit(path):
+                    found[i].append(path)
+    for i, folder_links in enumerate(links):  # then the links, all the way, to what is new
+        for link in folder_links:
+            if not link.is_dir():
+                if link.name.lower().endswith(IMG_EXTENSIONS) and first_visit(link):
+                    found[i].append(link)
+                continue
+            for directory, subdirs, files in os.walk(link, followlinks=True):
+                if not first_visit(Path(directory)):
+                    subdirs.clear()
+                    continue
+                subdirs.sort()
+                found[i] += [Path(directory, f) for f in sorted(files)
+                             if f.lower().endswith(IMG_EXTENSIONS) and first_visit(Path(directory, f))]
+    return [sorted(paths) for paths in found]
 
 
 class ImageFiles(Dataset):

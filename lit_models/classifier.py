@@ -25,7 +25,7 @@ def _network(arch: str) -> type[torch.nn.Module]:
 
 
 class ImageClassifier(L.LightningModule):
-    """Cross-entropy classifier around a network (`--model cnn|mlp` recipes; `ImageClassifier("mlp")` in Python).
+    """Cross-entropy classifier around a network (the `--model` recipes of configs/; `ImageClassifier("mlp")` in Python).
 
     The model owns its input: it takes uint8 images (N, C, H, W) and normalises them with its own mean and
     standard deviation, which it keeps (with the image shape and class names) in every checkpoint, so that
@@ -33,8 +33,8 @@ class ImageClassifier(L.LightningModule):
     the data module when training starts (`setup`), from the CLI and from plain Python alike.
 
     Args:
-        arch: the network: `cnn` or `mlp` (lit_models.networks.NETWORKS), or the import path of any
-            nn.Module class taking (image_shape, num_classes).
+        arch: the network: a name in lit_models.networks.NETWORKS, or the import path of any nn.Module class
+            taking (image_shape, num_classes).
         image_shape: (channels, height, width) of the images; None: the data module's.
         num_classes: number of classes; None: the data module's.
         class_names: names of the classes; None: the data module's.

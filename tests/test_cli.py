@@ -1,0 +1,192 @@
+"""`python train.py` as a user runs it: what a run writes, recipes and short names, configs that replay, extending."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+import yaml
+from conftest import ROOT, TRAIN, results, run_in_terminal, run_process, run_train, runs, scalars
+
+import datamodules
+import train
+from lit_models import NETWORKS
+
+
+def test_a_run_fits_tests_and_writes_its_directory(trained):
+    run = trained.run
+    record = results(run)
+    assert record["stage"] == "fit" and record["model"] == "mlp" and record["data"] == "mnist"
+    assert record["test/acc"] > 0.9 and record["val/acc_best"] > 0.9 and record["epochs"] == 3
+    assert record["global_step"] == 3 * (540 // 64) and len(record["train_epoch_seconds"]) == 3
+    assert set(record["test/acc_per_class"]) == set(datamodules.MNISTDataModule.classes)
+    best = run / "checkpoints" / f"epoch{record['checkpoint'].split('epoch')[1]}"
+    assert best.is_file() and (run / "checkpoints" / "last.ckpt").is_file() and record["checkpoint"] == str(best)
+    logged = scalars(run)
+    assert len(logged["train/loss"]) == len(logged["val/acc"]) == 3 and logged["test/acc"][0] == record["test/acc"]
+    assert logged["hp_metric"][-1] == pytest.approx(record["val/acc_best"])
+    assert max(logged["val/acc"]) == pytest.approx(record["val/acc_best"])
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"]["init_args"]["arch"] == "mlp" and config["trainer"]["max_epochs"] == 3
+
+
+def test_the_saved_config_runs_the_same_model_again(trained, monkeypatch):
+    monkeypatch.chdir(trained.cwd)
+    assert run_train(["--config", str(trained.run / "config.yaml")]) == 0
+    again = max(runs(trained.cwd), key=lambda r: r.stat().st_mtime)
+    assert results(again)["test/acc"] == results(trained.run)["test/acc"]
+    assert results(again)["val/acc_best"] == results(trained.run)["val/acc_best"]
+
+
+@pytest.mark.parametrize("model, data, first_layer", [
+    ("cnn", "cifar10", 400), ("mlp", "cifar10", 3072), ("cnn", "mnist", 256), ("mlp", "mnist", 784)])
+def test_any_model_runs_on_any_data(model, data, first_layer, mnist_dir, cifar10_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--model", model, "--data", data, "--data.data_dir", str(mnist_dir), "--data.batch_size", "32",
+                      "--trainer.max_epochs", "1"]) == 0
+    checkpoint = torch.load(runs(tmp_path)[0] / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["state_dict"]["net.fc1.weight"].shape[1] == first_layer
+
+
+def test_overrides_and_recipes(mnist_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["init_args"]["lr"] == 0.015 and printed["data"]["init_args"]["batch_size"] == 1536
+    assert run_train(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--model.lr", "0.003",
+                      "--model.optimizer", "SGD", "--model.scheduler", "null", "--data.batch_size", "50",
+                      "--trainer.max_epochs", "1", "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.SGD"
+    assert printed["model"]["init_args"]["scheduler"] is None and printed["model"]["init_args"]["lr"] == 0.003
+    assert run_train(["--data.data_dir", str(mnist_dir), "--print_config"]) == 0  # no recipe: the CNN's
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["arch"] == "cnn"
+
+
+@pytest.mark.parametrize("config, batch, epochs, optimizer, lr, mean", [
+    ("tutorial_cnn", 4, 2, "SGD", 0.001, [0.5, 0.5, 0.5]), ("tutorial_mlp", 64, 10, "Adam", 0.001, [0.5])])
+def test_tutorial_configs_hold_the_tutorials_settings(config, batch, epochs, optimizer, lr, mean, capsys):
+    assert run_train(["--model", config, "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    model, data = printed["model"]["init_args"], printed["data"]["init_args"]
+    assert (data["batch_size"], printed["trainer"]["max_epochs"], model["lr"], model["mean"]) == (batch, epochs, lr, mean)
+    assert model["optimizer"]["class_path"].endswith(optimizer) and model["scheduler"] is None
+    assert data["val_size"] == 0 and model["label_smoothing"] == 0
+
+
+def test_a_run_without_validation_trains_on_everything_and_tests_the_last_weights(mnist_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--model", "tutorial_mlp", "--data.data_dir", str(mnist_dir), "--trainer.max_epochs", "2"]) == 0
+    record = results(runs(tmp_path)[0])
+    assert record["global_step"] == 2 * (600 // 64) and record["val/acc_best"] is None
+    assert record["checkpoint"].endswith("last.ckpt")
+    assert record["test/acc"] > 0.5
+
+
+@pytest.mark.parametrize("flag, value, names", [
+    ("--model", "resnet", train.recipes()), ("--data", "svhn", list(datamodules.DATA))])
+def test_unknown_names_exit_2_and_list_what_is_registered(flag, value, names, capsys):
+    assert run_train([flag, value]) == 2
+    error = capsys.readouterr().err
+    assert f"unknown {flag} '{value}'" in error and all(name in error for name in names)
+
+
+def test_help_and_usage_name_what_is_registered(capsys):
+    assert run_train(["--help"]) == 0
+    out = capsys.readouterr().out
+    usage = out.split("\n\n")[0]
+    assert all(name in usage for name in [*train.recipes(), *datamodules.DATA, *train.SUBCOMMANDS])
+    assert all(name in out for name in ("--trainer.max_epochs", "--seed_everything", "--ckpt_path"))
+    assert run_train(["--model.help", "ImageClassifier"], quiet=False) == 0
+    arch = capsys.readouterr().out.split("--model.arch ARCH")[-1]
+    assert "lit_models.networks.NETWORKS" in arch and "import path" in arch
+
+
+def test_same_seed_same_numbers_and_a_random_seed_is_recorded(mnist_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # where Lightning's seed_everything(None) would look first
+    args = ["--model", "cnn", "--data", "mnist", "--data.data_dir", str(mnist_dir), "--data.batch_size", "32",
+            "--trainer.max_epochs", "1"]
+    for extra in ([], [], ["--seed_everything", "1"], ["--seed_everything", "true"]):
+        assert run_train(args + extra) == 0
+    first, same, other, chosen = (results(r) for r in runs(tmp_path))
+    assert first["test/loss"] == same["test/loss"] != other["test/loss"]
+    assert isinstance(chosen["seed"], int) and chosen["seed"] not in (0, 1)
+    assert run_train(args + ["--seed_everything", str(chosen["seed"])]) == 0
+    assert results(runs(tmp_path)[-1])["test/loss"] == chosen["test/loss"]
+
+
+def test_compile_trains_the_same_network(mnist_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "64", "--trainer.max_epochs", "1"]
+    assert run_train(args) == 0
+    assert run_train(args + ["--model.compile", "true"]) == 0
+    plain, compiled = (results(r) for r in runs(tmp_path))
+    assert compiled["test/acc"] == pytest.approx(plain["test/acc"], abs=0.02)
+
+
+def test_the_default_progress_bar_in_a_terminal(mnist_dir, tmp_path):
+    code, output = run_in_terminal(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "64",
+                                    "--trainer.max_epochs", "2"], cwd=tmp_path)
+    assert code == 0, output[-2000:]
+    assert "Epoch 1" in output and "val/acc" in output and "mlp on mnist: test/acc" in output
+    assert "Traceback" not in output and "Warning" not in output.replace("PossibleUserWarning", "")
+
+
+# --- extending: a network and a data set of one's own, from their own module ------------------------------------
+
+EXTENSION = '''
+import torch
+from torch import nn
+
+from datamodules import ImageDataModule
+
+
+class TinyNet(nn.Module):
+    """A network of one's own: any nn.Module taking (image_shape, num_classes)."""
+
+    def __init__(self, image_shape, num_classes):
+        super().__init__()
+        self.layer = nn.Linear(image_shape[0] * image_shape[1] * image_shape[2], num_classes)
+
+    def forward(self, x):
+        return self.layer(x.flatten(1))
+
+
+class Stripes(ImageDataModule):
+    """A data set of one's own: a name, its classes and image shape, and how to read a split."""
+
+    name = "stripes"
+    classes = ["horizontal", "vertical"]
+    image_shape = (1, 8, 8)
+
+    def read(self, split):
+        generator = torch.Generator().manual_seed(int(split == "test"))
+        labels = torch.randint(0, 2, (400,), generator=generator)
+        images = torch.zeros(400, 1, 8, 8, dtype=torch.uint8)
+        images[labels == 0, :, ::2, :] = 255
+        images[labels == 1, :, :, ::2] = 255
+        return images, labels
+'''
+
+
+def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_path):
+    (tmp_path / "mine.py").write_text(textwrap.dedent(EXTENSION))
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
+        "model": {"class_path": "lit_models.ImageClassifier", "init_args": {"arch": "mine.TinyNet", "lr": 0.05}},
+        "data": {"class_path": "mine.Stripes", "init_args": {"batch_size": 32}}, "trainer": {"max_epochs": 2}}))
+    proc = run_process(["--config", "tiny.yaml"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = results(runs(tmp_path)[0])
+    assert record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "mine.TinyNet"
+    assert set(record["test/acc_per_class"]) == {"horizontal", "vertical"}
+    proc = run_process(["test", "--ckpt_path", "best"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    assert proc.returncode == 0 and "test/acc 1.0000" in proc.stdout
+
+
+def test_the_registries_are_what_the_names_come_from():
+    assert set(NETWORKS) == {"cnn", "mlp"}
+    assert set(datamodules.DATA) == {"cifar10", "mnist", "fashion_mnist", "image_folder"}
+    assert {"cnn", "mlp", "tutorial_cnn", "tutorial_mlp"} == set(train.recipes())
+    assert json.loads(json.dumps(train.usage()))  # one line
+    assert TRAIN.endswith("train.py")

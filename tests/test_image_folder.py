@@ -1,0 +1,213 @@
+"""`--data image_folder`: folders of image files written here, read through the real module, decoder and CLI."""
+
+import os
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from conftest import class_images, results, run_train, runs
+from PIL import Image
+from torchvision.datasets import ImageFolder
+
+from datamodules import DataError, ImageFolderDataModule, image_folder
+from datamodules.images import ImageFiles, decode
+
+CLASSES = ["zebra", "ant", "moth", "cat"]  # written in this order; numbered sorted, as ImageFolder does
+
+
+def write_folder(root, splits=None, channels=3, size=16, ext="png", seed=0):
+    """root/<split>/<class>/NNNN.<ext>: the learnable images of conftest, class k in CLASSES[k]."""
+    for i, (split, n) in enumerate((splits or {"train": 160, "test": 40}).items()):
+        images, labels = class_images(n, channels, size, num_classes=len(CLASSES), seed=seed + i)
+        for j, (image, label) in enumerate(zip(images, labels)):
+            folder = root / split / CLASSES[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[..., 0] if channels == 1 else image).save(folder / f"{j:04d}.{ext}")
+    return root
+
+
+def ready(root, tmp_path, **kwargs) -> ImageFolderDataModule:
+    dm = ImageFolderDataModule(root=str(root), data_dir=str(tmp_path / "data"), **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    return dm
+
+
+@pytest.fixture
+def png_dir(tmp_path):
+    return write_folder(tmp_path / "images")
+
+
+def test_reads_a_png_folder_as_torchvision_imagefolder_does(png_dir, tmp_path):
+    dm = ready(png_dir, tmp_path)
+    reference = ImageFolder(str(png_dir / "test"))
+    assert dm.classes == reference.classes == sorted(CLASSES)
+    pixels = torch.from_numpy(np.stack([np.asarray(Image.open(p).convert("RGB")) for p, _ in reference.samples]))
+    assert torch.equal(dm.splits["test"][0], pixels.permute(0, 3, 1, 2))
+    assert dm.splits["test"][1].tolist() == reference.targets
+    assert dm.image_shape == (3, 16, 16) and len(dm.splits["val"][0]) == 16  # a tenth of 160
+
+
+def test_grey_images_are_one_channel_unless_told(tmp_path):
+    write_folder(tmp_path / "grey", channels=1, ext="jpg")
+    assert ready(tmp_path / "grey", tmp_path).image_shape == (1, 16, 16)
+    assert ready(tmp_path / "grey", tmp_path, channels=3).image_shape == (3, 16, 16)
+    write_folder(tmp_path / "colour", ext="jpg")
+    assert ready(tmp_path / "colour", tmp_path, channels=1).image_shape == (1, 16, 16)
+
+
+def test_images_of_other_sizes_need_image_size(png_dir, tmp_path):
+    Image.new("RGB", (20, 12)).save(png_dir / "train" / "cat" / "wide.png")
+    with pytest.raises(DataError, match="not all of one size; pass --data.image_size"):
+        ready(png_dir, tmp_path)
+    assert ready(png_dir, tmp_path, image_size=8).image_shape == (3, 8, 8)
+
+
+def test_a_val_folder_is_the_validation_set(tmp_path):
+    write_folder(tmp_path / "f", {"train": 80, "val": 20, "test": 20})
+    dm = ready(tmp_path / "f", tmp_path)
+    assert len(dm.splits["train"][0]) == 80 and len(dm.splits["val"][0]) == 20
+
+
+def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(png_dir, tmp_path, monkeypatch):
+    first = ready(png_dir, tmp_path)
+    assert list((tmp_path / "data" / "cache").glob("image_folder-images-*-train.pt"))
+    assert not list(png_dir.rglob("*.pt"))  # the folder itself is left alone
+    decoded = []
+    real = image_folder.decode_files
+    monkeypatch.setattr(image_folder, "decode_files", lambda *a: decoded.append(a) or real(*a))
+    second = ready(png_dir, tmp_path)
+    assert not decoded and torch.equal(second.splits["test"][0], first.splits["test"][0])
+    Image.new("RGB", (16, 16), "red").save(png_dir / "test" / "cat" / "0000.png")
+    third = ready(png_dir, tmp_path)
+    assert len(decoded) == 1 and not torch.equal(third.splits["test"][0], first.splits["test"][0])
+
+
+def test_unwritable_cache_is_a_warning_not_an_error(png_dir, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").write_text("a file where the cache folder would be")
+    with pytest.warns(UserWarning, match="could not write the image cache"):
+        assert ready(png_dir, tmp_path).image_shape == (3, 16, 16)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda root: (root / "train" / "cat" / "0001.png").write_bytes(b"not a png"), r"cannot read the image .*0001.png"),
+    (lambda root: __import__("shutil").rmtree(root / "test"), r"there is no folder .*test"),
+    (lambda root: (root / "test" / "dog").mkdir(), r"test must have the same class folders"),
+    (lambda root: [p.unlink() for p in (root / "train" / "ant").iterdir()], r"class folder .*ant has no images"),
+])
+def test_bad_folders_fail_with_a_clear_message(damage, message, png_dir, tmp_path):
+    damage(png_dir)
+    with pytest.raises(DataError, match=message):
+        ready(png_dir, tmp_path)
+
+
+def test_worker_processes_decode_the_same_pixels(tmp_path):
+    write_folder(tmp_path / "many", {"train": 600, "test": 20})  # more than one batch of 256: worker processes
+    dm = ready(tmp_path / "many", tmp_path)
+    files, labels = dm.files("train")
+    alone = torch.stack([ImageFiles(files, 3, None)[i][0] for i in range(len(files))])
+    assert torch.equal(dm.read("train")[0], alone) and dm.read("train")[1].tolist() == labels
+
+
+def test_a_link_loop_and_links_to_other_classes_add_nothing(png_dir, tmp_path):
+    plain = ready(png_dir, tmp_path).files("train")[1]
+    (png_dir / "train" / "cat" / "up").symlink_to("..")  # a loop: os.walk(followlinks=True) reads cat again and again
+    (png_dir / "train" / "moth" / "all").symlink_to(png_dir)  # the root, absolute
+    (png_dir / "train" / "ant" / "cats").symlink_to(png_dir / "train" / "cat")  # another class's images
+    (png_dir / "test" / "ant" / "seen").symlink_to(png_dir / "train" / "ant" / "0000.png")  # another split's
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    Image.new("RGB", (16, 16)).save(outside / "new.png")
+    (png_dir / "train" / "zebra" / "more").symlink_to(outside)  # images kept elsewhere: these are read
+    dm = ImageFolderDataModule(root=str(png_dir), data_dir=str(tmp_path / "data"))
+    files, labels = dm.files("train")
+    zebra = sorted(CLASSES).index("zebra")
+    assert np.bincount(labels).tolist() == [n + (i == zebra) for i, n in enumerate(np.bincount(plain))]
+    assert len(set(map(os.path.realpath, files))) == len(files) == 161
+    assert len(dm.files("test")[0]) == 40
+
+
+# --- every kind of image file becomes its 8-bit pixels, in training, predict and classify alike ----------------
+
+RNG = np.random.default_rng(7)
+WORDS = RNG.integers(0, 65536, (8, 8), dtype=np.uint16)
+
+
+def png_16bit_rgb(path, words):
+    """A 16-bit RGB PNG, which PIL cannot write: IHDR with bit depth 16, colour type 2."""
+    rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in words)
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", words.shape[1], words.shape[0], 16, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+                     + chunk(b"IEND", b""))
+
+
+def pgm(path, values, maxval):
+    path.write_bytes(f"P5\n{values.shape[1]} {values.shape[0]}\n{maxval}\n".encode() + values.astype(">u2").tobytes())
+
+
+def transparent_glyph(path):
+    rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+    rgba[2:6, 2:6, 3] = 255  # a black square on a transparent ground: dropping alpha would make it all black
+    Image.fromarray(rgba, "RGBA").save(path)
+    expected = np.full((8, 8, 3), 255)
+    expected[2:6, 2:6] = 0
+    return expected
+
+
+def palette_transparency(path):
+    indices = np.tile(np.arange(4, dtype=np.uint8), (8, 2))
+    image = Image.fromarray(indices, "P")
+    colours = [(0, 0, 0), (200, 10, 10), (10, 200, 10), (10, 10, 200)]
+    image.putpalette([c for colour in colours for c in colour])
+    image.save(path, transparency=0)
+    return np.array([(255, 255, 255), *colours[1:]])[indices]
+
+
+def float_tiff(path):
+    values = RNG.random((8, 8), dtype=np.float32)
+    values[0, :3] = 0, 1, 0.5
+    Image.fromarray(values).save(path)
+    return np.floor(values * 255.999)
+
+
+KINDS = {
+    "16bit.png": (1, lambda p: Image.fromarray(WORDS).save(p) or WORDS >> 8),
+    "16bit.tif": (1, lambda p: Image.fromarray(WORDS).save(p) or WORDS >> 8),
+    "16bit.pgm": (1, lambda p: pgm(p, WORDS, 65535) or WORDS >> 8),
+    "int32.tif": (1, lambda p: Image.fromarray(WORDS.astype(np.int32) << 15).save(p) or WORDS >> 8),
+    "float.tif": (1, float_tiff),
+    "rgb16.png": (3, lambda p: png_16bit_rgb(p, np.stack([WORDS, WORDS.T, 65535 - WORDS], -1))
+                  or np.stack([WORDS, WORDS.T, 65535 - WORDS], -1) >> 8),
+    "glyph.png": (3, transparent_glyph),
+    "palette.png": (3, palette_transparency),
+    "cmyk.jpg": (3, lambda p: Image.new("CMYK", (8, 8), (0, 255, 0, 0)).save(p, quality=100)
+                 or np.broadcast_to(np.array([255, 0, 255]), (8, 8, 3))),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_image_file_decodes_to_its_8bit_pixels(kind, tmp_path):
+    channels, write = KINDS[kind]
+    expected = write(path := tmp_path / kind)
+    with Image.open(path) as image:
+        pixels = np.asarray(decode(image, channels)).astype(int).reshape(8, 8, channels)
+    assert np.abs(pixels - np.asarray(expected).reshape(8, 8, channels)).max() <= (2 if kind.endswith("jpg") else 0)
+    image, error = ImageFiles([path], channels, (8, 8))[0]  # what predict reads files with
+    assert error == "" and np.array_equal(image.permute(1, 2, 0).numpy(), pixels)
+
+
+def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--model", "cnn", "--data", "image_folder", "--data.root", str(png_dir), "--data.batch_size",
+                      "16", "--trainer.max_epochs", "2"]) == 0
+    record = results(runs(tmp_path)[0])
+    assert record["data"] == "image_folder" and record["test/acc"] is not None
+    assert list(record["test/acc_per_class"]) == sorted(CLASSES)
