@@ -91,7 +91,7 @@ class TrainCLI(LightningCLI):
                                  "test/validate/predict/export: the checkpoint to use, a run directory (its best), "
                                  "or 'best'/'last' of the newest run")
         if self.command == "predict":
-            parser.add_argument("--inputs", type=list[str] | None, default=None,
+            parser.add_argument("--inputs", type=str, nargs="+", default=None,
                                 help="image files, folders (searched recursively) or globs; none: the test split of "
                                      "the checkpoint's data set, with its true labels")
         if self.command in ("predict", "export"):
@@ -185,7 +185,8 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
         if "_class_path" not in data and "--data" not in rest:
             raise UsageError(f"{path} does not say which data set it was trained on and has no config.yaml beside "
                              f"its folder: pass --data NAME (and its options)")
-        base = [f"--data={json.dumps({'class_path': data.pop('_class_path'), 'init_args': data})}"] if data else []
+        init = {k: v for k, v in data.items() if not k.startswith("_")}
+        base = [f"--data={json.dumps({'class_path': data['_class_path'], 'init_args': init})}"] if data else []
     rank_zero_only(print)(f"Using {path} ({model['init_args']['arch']}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
     return path, expand(base + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
@@ -302,16 +303,24 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
 
 def use(subcommand: str, args: list[str]) -> dict:
     """test / validate / predict / export a checkpoint, with its run's configuration and the user's overrides."""
+    from lit_models import export
+
     path, args = replay_args(args, subcommand)
     cli = build(args, subcommand)
+    if subcommand == "export" and cli.config.format not in export.FORMATS:
+        raise UsageError(f"--format {cli.config.format}: choose one of {', '.join(export.FORMATS)}")
+    weights, ours = read_checkpoint(path)["state_dict"], cli.model.state_dict()
+    wrong = sorted(ours.keys() ^ weights.keys()) + [k for k in ours.keys() & weights.keys()
+                                                   if ours[k].shape != weights[k].shape]
+    if wrong:  # a checkpoint edited by hand: Lightning's strict loading would fail with a traceback
+        raise ModelError(f"{path}'s weights do not fit the model its hyperparameters describe: "
+                         f"{', '.join(wrong[:4])} missing, unexpected or of another shape")
+    cli.model.load_state_dict(weights)
     if subcommand in ("test", "validate"):
         return report(cli, subcommand, evaluate(cli.trainer, subcommand, cli.model, cli.datamodule, str(path)),
                       str(path), {})
-    from lit_models import export
-
-    cli.model.load_state_dict(read_checkpoint(path)["state_dict"])  # checked already: no Trainer restore needed
     if subcommand == "export":
-        return export.export(cli.model, cli.datamodule, path, cli.config.format, cli.config.output)
+        return export.export(cli.model, cli.datamodule, cli.config.format, cli.config.output, path)
     return export.predict(cli.trainer, cli.model, cli.datamodule, path, cli.config.inputs, cli.config.output)
 
 

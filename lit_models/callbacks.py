@@ -41,7 +41,7 @@ class TrainingSpeed(L.Callback):
     def __init__(self):
         self.epoch_seconds: list[float] = []
         self.images = 0
-        self._start = None  # a clock runs while training batches do
+        self._seconds, self._images, self._start = 0.0, 0, None  # this epoch's, and the clock while it runs
 
     def _now(self, trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -49,19 +49,19 @@ class TrainingSpeed(L.Callback):
         return time.perf_counter()
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self._seconds, self._images, self._start = 0.0, 0, self._now(trainer)
+        self._seconds, self._images = 0.0, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self._start is None:  # the epoch's first batch, or the first after a validation or a resume
+            self._start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._images += len(batch[1])  # a shape, not a value: no sync
 
     def on_validation_start(self, trainer, pl_module):
-        if self._start is not None:  # the clock stops for validation, also in mid-epoch (val_check_interval)
+        if self._start is not None:  # the clock stops for validation, also mid-epoch (val_check_interval)
             self._seconds += self._now(trainer) - self._start
             self._start = None
-
-    def on_validation_end(self, trainer, pl_module):
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._start = self._now(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.on_validation_start(trainer, pl_module)

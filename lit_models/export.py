@@ -163,11 +163,13 @@ class Servable(nn.Module):
         return self.net((images.float() / 255 - self.mean) / self.std).softmax(1)
 
 
-def export(model: ImageClassifier, data, checkpoint: Path, fmt: str, output: str | None) -> dict:
-    """`train.py export`: write the model as `fmt`, load the file as a server would, and check it against the
-    checkpoint on real test images (batches of 1 and of the rest: any N must work) before it takes its name."""
-    if fmt not in FORMATS:
-        raise ModelError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
+def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None = None,
+           checkpoint: Path | None = None) -> dict:
+    """`train.py export`: write the model as `fmt` (onnx, torchscript, pt2) to `output` (default: beside the
+    checkpoint's run), load the file as a server would, and check it against the model on up to 256 test images of
+    `data` (in batches of 1 and of the rest: any N must work) before it takes its name."""
+    if output is None and checkpoint is None:
+        raise ModelError("export needs an output file or the checkpoint to name it after")
     target = Path(output).expanduser() if output else new_file(checkpoint.parent.parent, checkpoint.stem, FORMATS[fmt])
     data.setup("test")
     images = data.test_dataloader().images[:256].cpu()
@@ -208,7 +210,7 @@ def export(model: ImageClassifier, data, checkpoint: Path, fmt: str, output: str
                              f"up to {difference:.1e} apart, {len(x) - agree} top classes differ); nothing written")
     if fmt != "onnx":  # the class names beside the file too, where any server can read them
         target.with_name(target.name + ".classes.json").write_text(meta["classes"] + "\n")
-    print(f"Exported {checkpoint.name} as {fmt} to {target} ({target.stat().st_size / 1024:.0f} KiB): uint8 images "
+    print(f"Exported {checkpoint.name if checkpoint else 'the model'} as {fmt} to {target} ({target.stat().st_size / 1024:.0f} KiB): uint8 images "
           f"(N, {', '.join(map(str, hp.image_shape))}) -> probabilities of {hp.num_classes} classes")
     print(f"Checked with {runtime} on {len(x)} test images (batches of 1 and {len(x) - 1}): probabilities within "
           f"{difference:.1e} of the checkpoint's, {agree} of {len(x)} top classes the same")

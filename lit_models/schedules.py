@@ -26,7 +26,7 @@ class OneCycle(OneCycleLR):
         if total_steps is None:
             raise ModelError("OneCycle needs the run's number of optimizer steps (ImageClassifier gives it)")
         if not 0 < warmup < 1:
-            raise ValueError(f"--model.scheduler.warmup must be between 0 and 1, not {warmup}")
+            raise ModelError(f"--model.scheduler.warmup must be between 0 and 1, not {warmup}")
         # OneCycleLR divides by the length of each phase (warm-up steps - 1, and the rest): keep both positive
         # however short the run.
         pct_start = min(max(warmup, 1.5 / total_steps), 1 - 0.5 / total_steps)

@@ -112,8 +112,15 @@ QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=
 
 def run_train(args: list[str], quiet: bool = True) -> int:
     """`python train.py ARGS` in this process (monkeypatches apply); its exit code."""
+    import logging
+
     import train
 
+    # Lightning's log handlers keep the stderr of the test that first imported it, closed since: this one's.
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.stream = sys.stderr
     return train.main([*args, *(QUIET if quiet else [])])
 
 

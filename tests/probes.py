@@ -1,0 +1,37 @@
+"""Callbacks and plugins that tests hand to train.py on its command line (tests/ on PYTHONPATH)."""
+
+import errno
+import os
+import signal
+
+import lightning as L
+from lightning.fabric.plugins import TorchCheckpointIO
+
+
+class SignalAt(L.Callback):
+    """Sends this process a real signal after optimizer step `step` (or at the start of testing, step -1)."""
+
+    def __init__(self, step: int, signal_name: str = "SIGTERM"):
+        self.step, self.signal = step, getattr(signal, signal_name)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signal)
+
+    def on_test_start(self, trainer, pl_module):
+        if self.step == -1:
+            os.kill(os.getpid(), self.signal)
+
+
+class FullDisk(TorchCheckpointIO):
+    """A disk that fills up: writes `writes` checkpoints, then every write fails as a full disk does."""
+
+    def __init__(self, writes: int = 2):
+        super().__init__()
+        self.writes = writes
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        if self.writes <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.writes -= 1
+        super().save_checkpoint(checkpoint, path, storage_options)

@@ -1,0 +1,136 @@
+"""Stopping and going on: real signals, exact resumes, a diverging loss, a full disk, bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import ROOT, results, run_process, run_train, runs
+
+TESTS = str(ROOT / "tests")
+BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "3"]  # 8 steps an epoch
+
+
+def weights(run):
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory):
+    """The runs to compare with: each variant trained straight through, in its own folder."""
+    cache = {}
+
+    def get(extra: tuple, data_dir) -> dict:
+        if extra not in cache:
+            cwd = tmp_path_factory.mktemp("unbroken")
+            proc = run_process([*BASE, "--data.data_dir", str(data_dir), *extra], cwd=cwd)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            cache[extra] = runs(cwd)[0]
+        return cache[extra]
+    return get
+
+
+@pytest.mark.parametrize("signal_name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+@pytest.mark.parametrize("step, extra", [
+    (5, ()),  # mid-epoch
+    (8, ()),  # at an epoch's last batch, before its validation
+    (4, ("--trainer.accumulate_grad_batches", "3")),  # 3 steps an epoch
+    (13, ("--trainer.val_check_interval", "0.5")),
+])
+def test_a_signal_stops_after_the_step_and_resuming_ends_as_an_unbroken_run(signal_name, code, step, extra, unbroken,
+                                                                              mnist_dir, tmp_path):
+    if signal_name == "SIGINT" and extra:
+        pytest.skip("Ctrl-C takes the SIGTERM path: one variant is enough")
+    stop = [f"--trainer.callbacks+=probes.SignalAt", f"--trainer.callbacks.step={step}",
+            f"--trainer.callbacks.signal_name={signal_name}"]
+    args = [*BASE, "--data.data_dir", str(mnist_dir), *extra]
+    stopped = run_process(args + stop, cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert stopped.returncode == code, stopped.stderr[-2000:]
+    message = stopped.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"train.py: error: stopped by {'Ctrl-C' if code == 130 else 'SIGTERM'} in epoch")
+    assert "last.ckpt" in message and "Traceback" not in stopped.stderr
+    assert torch.load(runs(tmp_path)[0] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= step
+    resumed = run_process(args + ["--ckpt_path", "last"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    (run,) = runs(tmp_path)  # resumed in its own directory
+    straight = unbroken(tuple(extra), mnist_dir)
+    assert results(run)["global_step"] == results(straight)["global_step"]
+    assert results(run)["test/acc"] == results(straight)["test/acc"]
+    assert results(run)["val/acc_best"] == results(straight)["val/acc_best"]
+    mine, theirs = weights(run), weights(straight)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert (run / "config.yaml").is_file() and (run / "config-resumed.yaml").is_file()
+
+
+def test_augmented_cifar10_resumes_exactly(cifar10_dir, tmp_path):
+    args = ["--model", "cnn", "--data.data_dir", str(cifar10_dir), "--data.batch_size", "32", "--trainer.max_epochs",
+            "2", "--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=7"]
+    env = {"PYTHONPATH": f"{ROOT}:{TESTS}"}
+    assert run_process(args, cwd=tmp_path / "a" if (tmp_path / "a").mkdir() is None else None, env=env).returncode == 143
+    assert run_process(args[:-2] + ["--ckpt_path", "last"], cwd=tmp_path / "a", env=env).returncode == 0
+    (tmp_path / "b").mkdir()
+    assert run_process(args[:-2], cwd=tmp_path / "b", env=env).returncode == 0
+    resumed, straight = weights(runs(tmp_path / "a")[0]), weights(runs(tmp_path / "b")[0])
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
+def test_sigterm_while_testing_is_reported_not_hidden(mnist_dir, tmp_path):
+    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.callbacks+=probes.SignalAt",
+                        "--trainer.callbacks.step=-1"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert proc.returncode == 143 and "stopped by SIGTERM while testing" in proc.stderr
+
+
+def test_a_diverging_loss_stops_in_one_line_and_no_checkpoint_holds_it(mnist_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--model.lr", "1e12"]) == 1
+    err = capsys.readouterr().err
+    assert "the training loss became NaN or infinite in epoch 0" in err and "--model.lr" in err
+    for checkpoint in (runs(tmp_path)[0] / "checkpoints").glob("*.ckpt") if (runs(tmp_path)[0] / "checkpoints").exists() else []:
+        state = torch.load(checkpoint, weights_only=True)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_a_one_cycle_run_is_not_resumed_with_another_length(trained, monkeypatch, capsys):
+    monkeypatch.chdir(trained.cwd)
+    assert run_train(["--config", str(trained.run / "config.yaml"), "--ckpt_path", "last",
+                      "--trainer.max_epochs", "5"]) == 1
+    assert "was planned for 24 optimizer steps and this run has 40" in capsys.readouterr().err
+
+
+def test_a_full_disk_stops_in_one_line_and_the_checkpoints_before_stay_whole(mnist_dir, tmp_path):
+    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.plugins=probes.FullDisk"], cwd=tmp_path,
+                       env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "No space left on device" in proc.stderr.strip().splitlines()[-1]
+    for checkpoint in (runs(tmp_path)[0] / "checkpoints").glob("*.ckpt"):
+        assert torch.load(checkpoint, weights_only=True)["epoch"] == 0  # whole
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--data.batch_size", "0"], "--data.batch_size 0"),
+    (["--trainer.max_epochs", "abc"], 'Parser key "trainer.max_epochs"'),
+    (["--model.arch", "resnet"], "--model.arch 'resnet' is not a network: use one of cnn, mlp"),
+    (["--data.val_size", "-1"], "val_size -1"),
+    (["--model.scheduler.warmup", "1.5"], "warmup must be between 0 and 1"),
+    (["--config", "nothing.yaml"], "nothing.yaml"),
+    (["--trainer.enable_progress_bar", "false", "--trainer.callbacks+=TQDMProgressBar"], "enable_progress_bar=False"),
+    (["fitt"], "unknown subcommand 'fitt'"),
+    (["--model.foo", "1"], "foo"),
+])
+def test_bad_input_exits_non_zero_without_a_traceback(args, phrase, mnist_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = run_train(args[:1] if args == ["fitt"] else [*BASE, "--data.data_dir", str(mnist_dir), *args], quiet=False)
+    err = capsys.readouterr().err
+    assert code in (1, 2) and phrase in err and "Traceback" not in err
+
+
+def test_missing_data_offline_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--model", "mlp", "--data.data_dir", str(tmp_path / "nothing")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "could not be downloaded" in err.splitlines()[-1] and "MNIST/raw" in err
+
+
+def test_results_are_json_with_no_nan(trained):
+    text = (trained.run / "results.json").read_text()
+    assert "NaN" not in text and all(not isinstance(v, float) or math.isfinite(v) for v in json.loads(text).values())

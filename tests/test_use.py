@@ -1,0 +1,167 @@
+"""Using a trained model: test, validate, predict and export from a checkpoint, from the command line."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_process, run_train, runs
+from PIL import Image
+
+from lit_models import ImageClassifier
+
+
+@pytest.fixture
+def in_run(trained, monkeypatch):
+    monkeypatch.chdir(trained.cwd)
+    return trained
+
+
+@pytest.mark.parametrize("spec", ["best", "RUN", "FILE"])
+def test_test_from_a_checkpoint_gives_the_training_runs_test_accuracy(spec, in_run, capsys):
+    first = json.loads((in_run.run / "results.json").read_text())
+    path = {"best": "best", "RUN": str(in_run.run), "FILE": first["checkpoint"]}[spec]
+    assert run_train(["test", "--ckpt_path", path]) == 0
+    assert f"test/acc {first['test/acc']:.4f}" in capsys.readouterr().out
+    record = json.loads((max(runs(in_run.cwd), key=lambda r: r.stat().st_mtime) / "results.json").read_text())
+    assert record["stage"] == "test" and record["test/acc"] == first["test/acc"] and record["checkpoint"] == first["checkpoint"]
+
+
+def test_use_commands_take_overrides_and_need_nothing_repeated(in_run, capsys):
+    assert run_train(["validate", "--ckpt_path", "best", "--data.eval_batch_size", "7"]) == 0
+    best = json.loads((in_run.run / "results.json").read_text())["val/acc_best"]
+    assert f"val/acc {best:.4f}" in capsys.readouterr().out
+    assert run_train(["test", "--ckpt_path", "last", "--trainer.logger", "false"]) == 0
+    assert "no logger" in capsys.readouterr().out
+
+
+def test_predict_the_test_split_with_true_labels_never_overwriting(in_run, capsys):
+    assert run_train(["predict", "--ckpt_path", "best"]) == 0
+    assert run_train(["predict", "--ckpt_path", "best"]) == 0
+    out = capsys.readouterr().out
+    assert "GroundTruth:" in out and "Predicted:" in out
+    accuracy = json.loads((in_run.run / "results.json").read_text())["test/acc"]
+    assert f"accuracy {accuracy:.4f}" in out
+    files = sorted(in_run.run.glob("predictions-*.csv"))
+    assert len(files) == 2
+    rows = list(csv.DictReader(files[0].open()))
+    assert len(rows) == 200 and rows[0]["path"] == "mnist:test:0" and rows[0]["true_label"]
+    assert sum(r["label"] == r["true_label"] for r in rows) == round(accuracy * 200)
+
+
+def write_digits(folder, data) -> list[int]:
+    """The MNIST test images of the run as PNG files, 8- and 16-bit, and an RGBA one; their labels."""
+    from datamodules import MNISTDataModule
+
+    images, labels = MNISTDataModule(str(data)).read("test")
+    folder.mkdir()
+    for i, (image, label) in enumerate(zip(images[:30, 0].numpy(), labels[:30])):
+        if i % 3 == 0:
+            Image.fromarray(image).save(folder / f"{i:02d}-8bit.png")
+        elif i % 3 == 1:
+            Image.fromarray(image.astype(np.uint16) * 257).save(folder / f"{i:02d}-16bit.png")
+        else:  # ink as opacity over transparent black: over white, 255 - v
+            Image.fromarray(np.stack([np.zeros_like(image), 255 - image], -1), "LA").save(folder / f"{i:02d}-la.png")
+    return labels[:30].tolist()
+
+
+def test_predict_files_reads_them_as_training_does(in_run, tmp_path, capsys):
+    write_digits(tmp_path / "digits", in_run.data)
+    (tmp_path / "digits" / "broken.png").write_bytes(b"not a png")
+    out_file = tmp_path / "out.csv"
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "digits"), "--output",
+                      str(out_file)]) == 0
+    out, err = capsys.readouterr()
+    assert "broken.png: cannot read it" in err and "1 unreadable skipped" in out
+    rows = {r["path"]: r for r in csv.DictReader(out_file.open())}
+    assert len(rows) == 30
+    model = ImageClassifier.load_from_checkpoint(json.loads((in_run.run / "results.json").read_text())["checkpoint"])
+    from datamodules import MNISTDataModule
+
+    images = MNISTDataModule(str(in_run.data)).read("test")[0][:30]
+    expected = model.classify(images).argmax(1).tolist()
+    predicted = [model.class_names.index(rows[str(p)]["label"]) for p in sorted((tmp_path / "digits").glob("*.png"))
+                 if p.name != "broken.png"]
+    assert predicted == expected  # 16-bit and transparent files read as the 8-bit originals
+
+
+def test_predict_globs_and_files_and_what_matches_nothing(in_run, tmp_path, capsys):
+    write_digits(tmp_path / "digits", in_run.data)
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "digits" / "0*.png"),
+                      str(tmp_path / "digits" / "10-16bit.png"), "--output", str(tmp_path / "o.csv")]) == 0
+    assert len((tmp_path / "o.csv").read_text().splitlines()) == 1 + 10 + 1
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "nothing")]) == 1
+    assert "--inputs" in capsys.readouterr().err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.png").write_bytes(b"x")
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "bad"), "--output",
+                      str(tmp_path / "bad.csv")]) == 1
+    assert "none of the 1 images could be read" in capsys.readouterr().err and not (tmp_path / "bad.csv").exists()
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "pt2"])
+def test_export_round_trips_without_the_project(fmt, in_run, tmp_path, capsys):
+    target = tmp_path / f"model.{fmt}"
+    assert run_train(["export", "--ckpt_path", "best", "--format", fmt, "--output", str(target)]) == 0
+    assert "200 of 200 top classes the same" in capsys.readouterr().out  # the tiny test split's every image
+    from datamodules import MNISTDataModule
+
+    images = MNISTDataModule(str(in_run.data)).read("test")[0][:40].numpy()
+    np.save(tmp_path / "x.npy", images)
+    load = {"onnx": "import onnxruntime as o; s = o.InferenceSession(p); y = s.run(None, {'images': x})[0]",
+            "torchscript": "import torch; y = torch.jit.load(p)(torch.from_numpy(x)).detach().numpy()",
+            "pt2": "import torch; y = torch.export.load(p).module()(torch.from_numpy(x)).detach().numpy()"}[fmt]
+    code = f"import numpy as np; x = np.load('{tmp_path / 'x.npy'}'); p = '{target}'; {load}; print(y.argmax(1).tolist())"
+    served = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)  # no project
+    assert served.returncode == 0, served.stderr[-1000:]
+    model = ImageClassifier.load_from_checkpoint(json.loads((in_run.run / "results.json").read_text())["checkpoint"])
+    assert served.stdout.strip() == str(model.classify(torch.from_numpy(images)).argmax(1).tolist())
+
+
+@pytest.mark.parametrize("problem, code, message", [
+    ("missing", 2, "no such checkpoint file"),
+    ("truncated", 1, "cannot be read; it may be truncated"),
+    ("not a checkpoint", 1, "not a checkpoint of an ImageClassifier"),
+    ("a key deleted", 1, "net.fc2.bias missing, unexpected or of another shape"),
+    ("arch changed", 1, "missing, unexpected or of another shape"),
+])
+@pytest.mark.parametrize("command", ["test", "predict", "export"])
+def test_bad_checkpoints_fail_in_one_line(problem, code, message, command, in_run, tmp_path, capsys):
+    path = tmp_path / "bad.ckpt"
+    original = json.loads((in_run.run / "results.json").read_text())["checkpoint"]
+    if problem == "truncated":
+        path.write_bytes(open(original, "rb").read()[:3000])
+    elif problem == "not a checkpoint":
+        torch.save({"something": torch.zeros(3)}, path)
+    elif problem in ("a key deleted", "arch changed"):
+        checkpoint = torch.load(original, weights_only=True)
+        if problem == "a key deleted":
+            del checkpoint["state_dict"]["net.fc2.bias"]
+        else:
+            checkpoint["hyper_parameters"]["arch"] = "cnn"
+            checkpoint["hyper_parameters"]["image_shape"] = [1, 32, 32]
+        torch.save(checkpoint, path)
+    assert run_train([command, "--ckpt_path", str(path)]) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_use_commands_need_a_checkpoint_and_know_their_options(in_run, capsys):
+    assert run_train(["predict"]) == 2
+    assert "predict needs --ckpt_path" in capsys.readouterr().err
+    assert run_train(["export", "--ckpt_path", "best", "--format", "tflite"]) == 2
+    assert "--format tflite: choose one of onnx, torchscript, pt2" in capsys.readouterr().err
+    assert run_train(["predict", "--help"], quiet=False) == 0
+    assert "--inputs" in capsys.readouterr().out
+
+
+def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path):
+    moved = tmp_path / "moved.ckpt"
+    shutil.copy(json.loads((in_run.run / "results.json").read_text())["checkpoint"], moved)
+    proc = run_process(["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert "mlp on mnist: test/acc" in proc.stdout
