@@ -65,7 +65,7 @@ def search_space(opts) -> dict:
             key, _, values = item.partition("=")
             if not values:
                 raise train.UsageError(f"--grid {item}: write KEY=V1,V2,...")
-            space[key.lstrip("-")] = [yaml.safe_load(v) for v in values.split(",")]
+            space[key.lstrip("-")] = [value(v) for v in values.split(",")]
         return space
     if not opts.space:
         return {}
@@ -79,6 +79,16 @@ def search_space(opts) -> dict:
         if isinstance(spec, dict) and not ({"low", "high"} <= spec.keys() <= {"low", "high", "log", "step"}):
             raise train.UsageError(f"--space {opts.space}: {key} needs low and high (and optionally log, step)")
     return {key.lstrip("-"): spec for key, spec in space.items()}
+
+
+def value(text: str):
+    """A grid value as a number where it is one (YAML reads 1e-3 as a string), else as YAML reads it."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
 
 
 def suggest(trial: optuna.Trial, key: str, spec):
@@ -227,7 +237,6 @@ def summary(study: optuna.Study, folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    sys.argv[1:] = []
     try:
         opts, base = parse(argv)
         space = search_space(opts)

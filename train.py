@@ -77,7 +77,10 @@ class TrainCLI(LightningCLI):
 
     def __init__(self, args: list[str], subcommand: str = "fit", save_config_kwargs: dict | None = None):
         self.command = subcommand
-        super().__init__(ImageClassifier, subclass_mode_model=True, subclass_mode_data=True, run=False, args=args,
+        # The command line as LightningCLI parses it, in sys.argv: Lightning starts the other processes of a DDP run
+        # with sys.argv, and they must run the same expanded command (the same seed, the same checkpoint).
+        sys.argv[1:] = args
+        super().__init__(ImageClassifier, subclass_mode_model=True, subclass_mode_data=True, run=False,
                          seed_everything_default=0, auto_configure_optimizers=False,
                          trainer_defaults={"max_epochs": 30, "benchmark": True},
                          save_config_callback=SaveConfigCallback if subcommand in ("fit", "test", "validate") else None,
@@ -189,7 +192,8 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
         base = [f"--data={json.dumps({'class_path': data['_class_path'], 'init_args': init})}"] if data else []
     rank_zero_only(print)(f"Using {path} ({model['init_args']['arch']}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
-    return path, expand(base + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
+    one_process = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto"]  # a DDP run's too
+    return path, expand(base + one_process + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
         ["--ckpt_path", str(path)]
 
 
@@ -307,6 +311,8 @@ def use(subcommand: str, args: list[str]) -> dict:
 
     path, args = replay_args(args, subcommand)
     cli = build(args, subcommand)
+    if cli.trainer.world_size > 1:  # Lightning would start the other processes with a command line that fits
+        raise UsageError(f"{subcommand} runs in one process: leave out --trainer.devices/num_nodes/strategy")
     if subcommand == "export" and cli.config.format not in export.FORMATS:
         raise UsageError(f"--format {cli.config.format}: choose one of {', '.join(export.FORMATS)}")
     weights, ours = read_checkpoint(path)["state_dict"], cli.model.state_dict()
@@ -353,7 +359,6 @@ def run(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    sys.argv[1:] = []  # handed to LightningCLI as `args`, expanded; it warns when it also sees them here
     verbose = "--verbose" in argv
     argv = [a for a in argv if a != "--verbose"]
     try:

@@ -22,7 +22,6 @@ import train  # noqa: E402
 
 def main() -> None:
     args = sys.argv[1:]
-    sys.argv[1:] = []
     cli = train.TrainCLI(train.expand(args + ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]))
     device = cli.trainer.strategy.root_device
     data, recipe = cli.datamodule, cli.model

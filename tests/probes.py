@@ -35,3 +35,12 @@ class FullDisk(TorchCheckpointIO):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         self.writes -= 1
         super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class SaveWeights(L.Callback):
+    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the working directory."""
+
+    def on_train_end(self, trainer, pl_module):
+        import torch
+
+        torch.save(pl_module.state_dict(), f"weights-rank{trainer.global_rank}.pt")
