@@ -26,7 +26,6 @@ from pathlib import Path
 import optuna
 import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
@@ -45,7 +44,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--space", help="a YAML file of train.py options to sample: {low, high[, log, step]} or a list")
     parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,...: every combination (repeatable)")
     parser.add_argument("--trials", type=int, default=20, help="settings to sample with --space (default 20)")
-    parser.add_argument("--seeds", type=int, default=1, help="runs per setting, seeds S, S+1, ... (S: --seed_everything)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs per setting: seeds S, S+1, ... of --seed_everything")
     parser.add_argument("--parallel", type=int, default=1, help="processes running trials at once")
     parser.add_argument("--name", help="the study's name (default: from the command)")
     parser.add_argument("--storage", help="an Optuna RDB URL (default: sqlite:///lightning_logs/sweeps/NAME/study.db)")
@@ -107,7 +106,8 @@ class Objective:
     """Trains a trial's setting once per seed; its value is the mean of their val/acc_best."""
 
     def __init__(self, base: list[str], space: dict, grid: bool, seeds: list[int], folder: Path, threads: str):
-        self.base, self.space, self.grid, self.seeds, self.folder, self.threads = base, space, grid, seeds, folder, threads
+        self.base, self.space, self.grid, self.seeds = base, space, grid, seeds
+        self.folder, self.threads = folder, threads
         self.stopped = 0  # the exit code of a signal that stopped a trial
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -176,7 +176,8 @@ def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
         return True
     if objective.grid:
         tried = [t.params for t in existing]
-        return any(dict(zip(objective.space, point)) not in tried for point in itertools.product(*objective.space.values()))
+        points = itertools.product(*objective.space.values())
+        return any(dict(zip(objective.space, point)) not in tried for point in points)
     return sum(t.state in DONE for t in existing) < trials
 
 

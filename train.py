@@ -15,6 +15,7 @@ short name (datamodules.DATA). A run writes lightning_logs/version_N/: TensorBoa
 config.yaml (`--config` of it runs it again) and results.json.
 """
 
+import importlib
 import json
 import random
 import signal
@@ -25,24 +26,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 import datamodules
 from datamodules import DataError
-from lit_models import ImageClassifier, ModelError, TrainingSpeed
+from lit_models import ImageClassifier, ModelError, TimedProgressBar, TrainingSpeed
 
 RECIPES = Path(__file__).resolve().parent / "configs"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
-CHECKPOINT_CALLBACKS = ("lightning.pytorch.callbacks.ModelCheckpoint", "lit_models.LastCheckpoint")
 DEFAULT_CALLBACKS = [  # a Trainer default, so --trainer.callbacks+=X adds to it and a config may replace it
     {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
      "init_args": {"monitor": "val/acc", "mode": "max", "filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
                    "auto_insert_metric_name": False}},
     {"class_path": "lit_models.LastCheckpoint"},
     {"class_path": "lit_models.TrainingSpeed"},
+    {"class_path": "lit_models.TimedProgressBar"},
 ]
 
 
@@ -70,9 +71,11 @@ def usage() -> str:
 class TrainCLI(LightningCLI):
     """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with the project's defaults.
 
-    Beyond LightningCLI's own: 30 epochs, the checkpoint callbacks and the speed callback as the default
-    `--trainer.callbacks` (`--trainer.enable_checkpointing false` drops the checkpoint ones), bf16 mixed precision
-    on GPUs that have it unless `--trainer.precision` says otherwise, and the options of the use commands.
+    Beyond LightningCLI's own: 30 epochs; the checkpoint, speed and progress bar callbacks as the default
+    `--trainer.callbacks`, which step aside where a flag or a callback of the user's takes their place
+    (`--trainer.enable_checkpointing false`, `--trainer.enable_progress_bar false`, `--trainer.callbacks+=
+    RichProgressBar`); bf16 mixed precision on GPUs that have it, unless `--trainer.precision` says otherwise; and
+    the use commands' options.
     """
 
     def __init__(self, args: list[str], subcommand: str = "fit", save_config_kwargs: dict | None = None):
@@ -107,13 +110,27 @@ class TrainCLI(LightningCLI):
         trainer = self.config.trainer
         if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
             self.save_config_callback = None
-        if trainer.enable_checkpointing is False:
-            trainer.callbacks = [c for c in trainer.callbacks or [] if c.class_path not in CHECKPOINT_CALLBACKS]
+        kept = []
+        for callback in trainer.callbacks or []:
+            cls = import_class(callback.class_path)
+            if issubclass(cls, ModelCheckpoint) and trainer.enable_checkpointing is False:
+                continue
+            others = [c for c in trainer.callbacks if c is not callback]
+            if cls is TimedProgressBar and (trainer.enable_progress_bar is False or
+                                            any(issubclass(import_class(c.class_path), ProgressBar) for c in others)):
+                continue
+            kept.append(callback)
+        trainer.callbacks = kept
         if trainer.precision is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
                 and trainer.accelerator in ("auto", "gpu", "cuda"):
             trainer.precision = "bf16-mixed"  # on a CPU, 32-bit: bf16 autocast is slower there
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision("high")  # TF32 for what stays in float32
+
+
+def import_class(path: str) -> type:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 # --- finding checkpoints -----------------------------------------------------------------------------------------
@@ -391,7 +408,7 @@ def explain(error: BaseException) -> tuple[int | None, str]:
         if isinstance(e, torch.OutOfMemoryError):
             return 1, "out of memory on the device: try a smaller --data.batch_size (or --data.on_device false)"
         if isinstance(e, ModuleNotFoundError):
-            return 1, f"this needs the package '{e.name}', not installed here (pip install {e.name})" if e.name else str(e)
+            return 1, f"this needs the package '{e.name}' (pip install {e.name})" if e.name else str(e)
         if isinstance(e, OSError) and e.strerror:
             return 1, f"{e.strerror}: {e.filename or ''}"
     return None, ""

@@ -35,7 +35,9 @@ def main() -> None:
     batches, test_batches = data.train_dataloader(), data.test_dataloader()
     epochs = cli.trainer.max_epochs
     optimizer = model.optimizer_factory(model.parameters(), **({"lr": hp["lr"]} if hp["lr"] else {}))
-    schedule = model.scheduler_factory(optimizer, total_steps=epochs * len(batches)) if model.scheduler_factory else None
+    schedule = None
+    if model.scheduler_factory is not None:
+        schedule = model.scheduler_factory(optimizer, total_steps=epochs * len(batches))
     bf16 = str(cli.trainer.precision).startswith("bf16")
     smoothing = hp["label_smoothing"]
 

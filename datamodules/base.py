@@ -220,7 +220,7 @@ class ImageDataModule(L.LightningDataModule):
                 size = 0 if self.has_val_split else (min(5000, n // 10) if self.val_size is None else
                                                      round(self.val_size * n) if self.val_size < 1 else self.val_size)
                 if size >= n:
-                    raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} training images to train on")
+                    raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} training images to train")
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
                 parts = {"train": order[size:]} if self.has_val_split else {"train": order[size:], "val": order[:size]}
                 parts = {name: (images.index_select(0, i), labels.index_select(0, i)) for name, i in parts.items()}
@@ -235,8 +235,8 @@ class ImageDataModule(L.LightningDataModule):
         images, labels = self._split("train")
         rank, world_size = self._rank()
         if len(images) // world_size < self.batch_size:
-            raise DataError(f"--data.batch_size {self.batch_size} is more than the {len(images) // world_size} training "
-                            f"images of each of {world_size} process(es): not one full batch")
+            raise DataError(f"--data.batch_size {self.batch_size} is more than the {len(images) // world_size} "
+                            f"training images of each of {world_size} process(es): not one full batch")
         # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed). overfit_batches: the
         # same batches every epoch, as Lightning does with a DataLoader.
         batches = DeviceBatches(images, labels, self.batch_size, train=True, crop_padding=self.crop_padding,

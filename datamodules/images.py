@@ -47,7 +47,8 @@ def fit_image(image: Image.Image, image_shape: tuple[int, int, int]) -> torch.Te
     image = decode(image, channels)
     if image.size != (width, height):
         image = ImageOps.fit(image, (width, height), Image.Resampling.BILINEAR)
-    return torch.from_numpy(np.asarray(image, dtype=np.uint8).reshape(height, width, channels).transpose(2, 0, 1).copy())
+    pixels = np.asarray(image, dtype=np.uint8).reshape(height, width, channels)
+    return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
 
 
 def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:

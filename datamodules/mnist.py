@@ -53,8 +53,9 @@ class MNISTDataModule(ImageDataModule):
             self.dataset(Path(self.data_dir).expanduser(), download=True)
         except (OSError, RuntimeError) as e:
             raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} and could not be downloaded "
-                            f"({download_error(e)}). Put its four IDX files there, gzipped or not: {', '.join(names)}, "
-                            f"or pass --data.data_dir with the folder that holds {self.dataset.__name__}/raw/") from None
+                            f"({download_error(e)}). Put its four IDX files there, gzipped or not: "
+                            f"{', '.join(names)}, or pass --data.data_dir with the folder that holds "
+                            f"{self.dataset.__name__}/raw/") from None
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         try:

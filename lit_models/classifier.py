@@ -25,7 +25,7 @@ def _network(arch: str) -> type[torch.nn.Module]:
 
 
 class ImageClassifier(L.LightningModule):
-    """Cross-entropy classifier around a network (the `--model` recipes of configs/; `ImageClassifier("mlp")` in Python).
+    """Cross-entropy classifier around a network (`--model RECIPE` of configs/; `ImageClassifier("mlp")` in Python).
 
     The model owns its input: it takes uint8 images (N, C, H, W) and normalises them with its own mean and
     standard deviation, which it keeps (with the image shape and class names) in every checkpoint, so that
@@ -124,9 +124,9 @@ class ImageClassifier(L.LightningModule):
         if data is None:
             raise ModelError("ImageClassifier needs image_shape, num_classes, mean and std, or a data module")
         hp = self.hparams
-        for name, value in (("image_shape", lambda: tuple(data.image_shape)), ("num_classes", lambda: len(data.classes)),
-                            ("class_names", lambda: list(data.classes)), ("mean", lambda: list(data.mean)),
-                            ("std", lambda: list(data.std))):
+        for name, value in (("image_shape", lambda: tuple(data.image_shape)),
+                            ("num_classes", lambda: len(data.classes)), ("class_names", lambda: list(data.classes)),
+                            ("mean", lambda: list(data.mean)), ("std", lambda: list(data.std))):
             if hp[name] is None:
                 hp[name] = value()
         self._build()

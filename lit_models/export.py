@@ -117,7 +117,8 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
     paths = find_images(inputs) if inputs else None
     loader = None
     if paths:
-        workers = min(len(os.sched_getaffinity(0)), -(-len(paths) // 256) - 1) if hasattr(os, "sched_getaffinity") else 0
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        workers = min(cpus, -(-len(paths) // 256) - 1)  # none for one batch: a worker's start costs more
         loader = DataLoader(ImageFiles(paths, model.hparams.image_shape[0], tuple(model.hparams.image_shape[1:])),
                             batch_size=256, collate_fn=ImageFiles.collate, num_workers=max(0, workers))
     target = Path(output).expanduser() if output else \
@@ -210,8 +211,9 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
                              f"up to {difference:.1e} apart, {len(x) - agree} top classes differ); nothing written")
     if fmt != "onnx":  # the class names beside the file too, where any server can read them
         target.with_name(target.name + ".classes.json").write_text(meta["classes"] + "\n")
-    print(f"Exported {checkpoint.name if checkpoint else 'the model'} as {fmt} to {target} ({target.stat().st_size / 1024:.0f} KiB): uint8 images "
-          f"(N, {', '.join(map(str, hp.image_shape))}) -> probabilities of {hp.num_classes} classes")
+    name = checkpoint.name if checkpoint else "the model"
+    print(f"Exported {name} as {fmt} to {target} ({target.stat().st_size / 1024:.0f} KiB): uint8 images (N, "
+          f"{', '.join(map(str, hp.image_shape))}) -> probabilities of {hp.num_classes} classes")
     print(f"Checked with {runtime} on {len(x)} test images (batches of 1 and {len(x) - 1}): probabilities within "
           f"{difference:.1e} of the checkpoint's, {agree} of {len(x)} top classes the same")
     return {"stage": "export", "format": fmt, "output": str(target), "max_difference": difference, "agree": agree}

@@ -179,7 +179,8 @@ def scalars(run: Path) -> dict[str, list[float]]:
 
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)] for tag in events.Tags()["scalars"]}
+    return {tag: [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)]
+            for tag in events.Tags()["scalars"]}
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import run_train, runs, scalars, write_mnist
-from lightning.pytorch.callbacks import (BatchSizeFinder, EarlyStopping, LearningRateFinder, LearningRateMonitor,
-                                         ModelCheckpoint, StochasticWeightAveraging, WeightAveraging)
+from lightning.pytorch.callbacks import (
+    BatchSizeFinder,
+    EarlyStopping,
+    LearningRateFinder,
+    ModelCheckpoint,
+    StochasticWeightAveraging,
+    WeightAveraging,
+)
 from lightning.pytorch.tuner import Tuner
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 

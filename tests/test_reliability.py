@@ -41,7 +41,7 @@ def test_a_signal_stops_after_the_step_and_resuming_ends_as_an_unbroken_run(sign
                                                                               mnist_dir, tmp_path):
     if signal_name == "SIGINT" and extra:
         pytest.skip("Ctrl-C takes the SIGTERM path: one variant is enough")
-    stop = [f"--trainer.callbacks+=probes.SignalAt", f"--trainer.callbacks.step={step}",
+    stop = ["--trainer.callbacks+=probes.SignalAt", f"--trainer.callbacks.step={step}",
             f"--trainer.callbacks.signal_name={signal_name}"]
     args = [*BASE, "--data.data_dir", str(mnist_dir), *extra]
     stopped = run_process(args + stop, cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
@@ -66,7 +66,8 @@ def test_augmented_cifar10_resumes_exactly(cifar10_dir, tmp_path):
     args = ["--model", "cnn", "--data.data_dir", str(cifar10_dir), "--data.batch_size", "32", "--trainer.max_epochs",
             "2", "--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=7"]
     env = {"PYTHONPATH": f"{ROOT}:{TESTS}"}
-    assert run_process(args, cwd=tmp_path / "a" if (tmp_path / "a").mkdir() is None else None, env=env).returncode == 143
+    (tmp_path / "a").mkdir()
+    assert run_process(args, cwd=tmp_path / "a", env=env).returncode == 143
     assert run_process(args[:-2] + ["--ckpt_path", "last"], cwd=tmp_path / "a", env=env).returncode == 0
     (tmp_path / "b").mkdir()
     assert run_process(args[:-2], cwd=tmp_path / "b", env=env).returncode == 0
@@ -85,7 +86,7 @@ def test_a_diverging_loss_stops_in_one_line_and_no_checkpoint_holds_it(mnist_dir
     assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--model.lr", "1e12"]) == 1
     err = capsys.readouterr().err
     assert "the training loss became NaN or infinite in epoch 0" in err and "--model.lr" in err
-    for checkpoint in (runs(tmp_path)[0] / "checkpoints").glob("*.ckpt") if (runs(tmp_path)[0] / "checkpoints").exists() else []:
+    for checkpoint in (runs(tmp_path)[0] / "checkpoints").glob("*.ckpt"):
         state = torch.load(checkpoint, weights_only=True)["state_dict"]
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
 

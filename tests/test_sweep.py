@@ -47,7 +47,8 @@ def test_a_grid_runs_each_setting_once_with_each_seed(grid):
         bests = [yaml.safe_load((r / "lightning_logs" / "version_0" / "results.json").read_text())["val/acc_best"]
                  for r in runs_]
         assert t.value == pytest.approx(sum(bests) / 2)
-        assert t.user_attrs["command_seed_1"].endswith("--model.lr=" + str(t.params["model.lr"]) + " --seed_everything=1")
+        command = t.user_attrs["command_seed_1"]
+        assert command.endswith(f"--model.lr={t.params['model.lr']} --seed_everything=1")
     assert "Best: trial" in proc.stdout
 
 
