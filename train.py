@@ -289,7 +289,11 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
 
 def evaluate(trainer, stage: str, model, data, ckpt_path: str | None, verbose: bool = True) -> dict:
     run = trainer.test if stage == "test" else trainer.validate
-    (metrics,) = run(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True, verbose=verbose)
+    results = run(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True, verbose=verbose)
+    if not results:
+        raise UsageError(f"there is no {'test' if stage == 'test' else 'validation'} set to {stage} on "
+                         f"(--data.val_size 0?): {'validate' if stage == 'test' else 'test'} instead")
+    metrics = results[0]
     if trainer.received_sigterm:  # Lightning stops training on SIGTERM, not testing: never report such a test
         raise Stopped(f"stopped by SIGTERM while {stage}ing; the checkpoint is unchanged", 143)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(stage)} | metrics
@@ -332,12 +336,8 @@ def use(subcommand: str, args: list[str]) -> dict:
         raise UsageError(f"{subcommand} runs in one process: leave out --trainer.devices/num_nodes/strategy")
     if subcommand == "export" and cli.config.format not in export.FORMATS:
         raise UsageError(f"--format {cli.config.format}: choose one of {', '.join(export.FORMATS)}")
-    weights, ours = read_checkpoint(path)["state_dict"], cli.model.state_dict()
-    wrong = sorted(ours.keys() ^ weights.keys()) + [k for k in ours.keys() & weights.keys()
-                                                   if ours[k].shape != weights[k].shape]
-    if wrong:  # a checkpoint edited by hand: Lightning's strict loading would fail with a traceback
-        raise ModelError(f"{path}'s weights do not fit the model its hyperparameters describe: "
-                         f"{', '.join(wrong[:4])} missing, unexpected or of another shape")
+    weights = read_checkpoint(path)["state_dict"]
+    cli.model.check_weights(weights)  # a checkpoint edited by hand: strict loading would fail with a traceback
     cli.model.load_state_dict(weights)
     if subcommand in ("test", "validate"):
         return report(cli, subcommand, evaluate(cli.trainer, subcommand, cli.model, cli.datamodule, str(path)),
@@ -361,9 +361,16 @@ def run(argv: list[str]) -> dict:
     kwargs = {}
     if spec is not None:
         path = find_checkpoint(spec, prefer="last").resolve()
+        missing = [key for key in ("optimizer_states", "lr_schedulers", "loops") if key not in read_checkpoint(path)]
+        if missing:
+            raise ModelError(f"{path} cannot resume training: it has no {', '.join(missing)} (weights only?); "
+                             f"test, predict or export it, or start a new run")
         rank_zero_only(print)(f"Resuming {path}")
         rest += ["--ckpt_path", str(path)]
         run_dir = path.parent.parent
+        given = any(a.split("=")[0] in ("--config", "-c", "--model") for a in rest)
+        if not given and (run_dir / "config.yaml").is_file():  # the run's own configuration, then the user's options
+            rest = ["--config", str(run_dir / "config.yaml"), *rest]
         if path.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() \
                 and option(rest, "--trainer.logger")[0] is None:
             # Lightning's default logger would start a new version: go on in the run's own directory instead.
@@ -407,6 +414,8 @@ def explain(error: BaseException) -> tuple[int | None, str]:
             return 1, str(e)
         if isinstance(e, torch.OutOfMemoryError):
             return 1, "out of memory on the device: try a smaller --data.batch_size (or --data.on_device false)"
+        if isinstance(e, MemoryError):
+            return 1, "out of memory in this machine's RAM: try a smaller --data.image_size or fewer images"
         if isinstance(e, ModuleNotFoundError):
             return 1, f"this needs the package '{e.name}' (pip install {e.name})" if e.name else str(e)
         if isinstance(e, OSError) and e.strerror:

@@ -133,6 +133,8 @@ class ImageFiles(Dataset):
                 image.load()  # reads the whole file: where a truncated one fails
                 size = self.size or (image.height, image.width)
                 return fit_image(image, (self.channels, *size)), ""
+        except MemoryError:
+            raise  # not a damaged file: the caller's to report
         except Exception as e:  # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
             return torch.zeros(self.channels, *(self.size or (1, 1)), dtype=torch.uint8), f"{type(e).__name__}: {e}"
 

@@ -1,11 +1,12 @@
-"""Callbacks of the default recipe: the latest checkpoint (also on SIGTERM), the training speed, a progress bar."""
+"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA."""
 
 import time
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -94,3 +95,23 @@ class TimedProgressBar(TQDMProgressBar):
         if now - self._drawn >= self.refresh_seconds or batch_idx + 1 == self.total_train_batches:
             self._drawn = now
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+class EMA(WeightAveraging):
+    """Lightning's WeightAveraging as an exponential moving average of the weights (`--trainer.callbacks+=EMA`).
+
+    Updated after every optimizer step from `start_step` on; validation, checkpoints, testing and everything after
+    training use the averaged weights (WeightAveraging swaps them in). Only a subclass because WeightAveraging takes
+    its averaging function as a callable, which a command line cannot give.
+
+    Args:
+        decay: the weight of the average so far at each update (0.999: about the last 1000 steps).
+        start_step: the optimizer step of the first update.
+    """
+
+    def __init__(self, decay: float = 0.999, start_step: int = 0):
+        super().__init__(multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self.start_step = start_step
+
+    def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
+        return step_idx is not None and step_idx >= self.start_step

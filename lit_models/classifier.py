@@ -47,6 +47,8 @@ class ImageClassifier(L.LightningModule):
         scheduler: the learning-rate schedule; one that takes `total_steps` (`--model.scheduler OneCycle`) is
             planned over the run's optimizer steps and stepped every step, others every epoch; null: constant.
         label_smoothing: label smoothing of the training loss, in [0, 1] (evaluation losses use none).
+        flip_test: when evaluating (validation, test, predict, `classify`, exports), average the logits of each
+            image and of its mirror image: test-time augmentation for data whose classes survive a flip.
         channels_last: the NHWC memory layout for convolutional networks (faster on GPUs and CPUs alike).
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead": CUDA graphs, "max-autotune").
     """
@@ -63,6 +65,7 @@ class ImageClassifier(L.LightningModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: Optional[LRSchedulerCallable] = None,
         label_smoothing: float = 0.0,
+        flip_test: bool = False,
         channels_last: bool = True,
         compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False,
     ):
@@ -153,6 +156,8 @@ class ImageClassifier(L.LightningModule):
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
+        if self.hparams.flip_test and not self.training:
+            return (self.net(x) + self.net(x.flip(3))) / 2
         return self.net(x)
 
     @torch.no_grad()
@@ -200,6 +205,19 @@ class ImageClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         self.raise_if_not_finite()  # no checkpoint ever holds the weights of a diverged run
+
+    def on_load_checkpoint(self, checkpoint):
+        self.check_weights(checkpoint.get("state_dict", {}))  # before Lightning loads them, strictly
+
+    def check_weights(self, weights: dict) -> None:
+        """A ModelError naming the weights that are missing, unexpected or of another shape than this model's."""
+        ours = self.state_dict()
+        wrong = sorted(ours.keys() ^ weights.keys()) + [k for k in ours.keys() & weights.keys()
+                                                       if ours[k].shape != weights[k].shape]
+        if wrong:
+            raise ModelError(f"the checkpoint's weights do not fit this model ({self.hparams.arch} for "
+                             f"{self.hparams.num_classes} classes of {tuple(self.hparams.image_shape)} images): "
+                             f"{', '.join(wrong[:4])} missing, unexpected or of another shape")
 
     def raise_if_not_finite(self) -> None:
         """A ModelError if a training loss of this epoch so far was NaN or infinite (on any process)."""

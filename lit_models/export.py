@@ -159,9 +159,12 @@ class Servable(nn.Module):
         self.register_buffer("std", model.std.float().clone())
         # NCHW and float32: channels_last pays off in training kernels, exporters handle the standard layout best.
         self.net = copy.deepcopy(model.net).to(memory_format=torch.contiguous_format).float().eval()
+        self.flip = bool(model.hparams.flip_test)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net((images.float() / 255 - self.mean) / self.std).softmax(1)
+        x = (images.float() / 255 - self.mean) / self.std
+        logits = (self.net(x) + self.net(x.flip(3))) / 2 if self.flip else self.net(x)
+        return logits.softmax(1)
 
 
 def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None = None,

@@ -1,12 +1,11 @@
 """`python train.py` as a user runs it: what a run writes, recipes and short names, configs that replay, extending."""
 
-import json
 import textwrap
 
 import pytest
 import torch
 import yaml
-from conftest import ROOT, TRAIN, results, run_in_terminal, run_process, run_train, runs, scalars
+from conftest import ROOT, results, run_in_terminal, run_process, run_train, runs, scalars
 
 import datamodules
 import train
@@ -85,7 +84,7 @@ def test_a_run_without_validation_trains_on_everything_and_tests_the_last_weight
 
 
 @pytest.mark.parametrize("flag, value, names", [
-    ("--model", "resnet", train.recipes()), ("--data", "svhn", list(datamodules.DATA))])
+    ("--model", "no_such_recipe", train.recipes()), ("--data", "no_such_data", list(datamodules.DATA))])
 def test_unknown_names_exit_2_and_list_what_is_registered(flag, value, names, capsys):
     assert run_train([flag, value]) == 2
     error = capsys.readouterr().err
@@ -185,9 +184,8 @@ def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_pa
     assert proc.returncode == 0 and "test/acc 1.0000" in proc.stdout
 
 
-def test_the_registries_are_what_the_names_come_from():
-    assert set(NETWORKS) == {"cnn", "mlp"}
-    assert set(datamodules.DATA) == {"cifar10", "mnist", "fashion_mnist", "image_folder"}
-    assert {"cnn", "mlp", "tutorial_cnn", "tutorial_mlp"} == set(train.recipes())
-    assert json.loads(json.dumps(train.usage()))  # one line
-    assert TRAIN.endswith("train.py")
+def test_the_registries_hold_the_built_in_names():  # and more once a user adds some
+    assert {"cnn", "mlp"} <= set(NETWORKS)
+    assert {"cifar10", "mnist", "fashion_mnist", "image_folder"} <= set(datamodules.DATA)
+    assert {"cnn", "mlp", "tutorial_cnn", "tutorial_mlp"} <= set(train.recipes())
+    assert "\n" not in train.usage()

@@ -110,7 +110,7 @@ def test_a_full_disk_stops_in_one_line_and_the_checkpoints_before_stay_whole(mni
 @pytest.mark.parametrize("args, phrase", [
     (["--data.batch_size", "0"], "--data.batch_size 0"),
     (["--trainer.max_epochs", "abc"], 'Parser key "trainer.max_epochs"'),
-    (["--model.arch", "resnet"], "--model.arch 'resnet' is not a network: use one of cnn, mlp"),
+    (["--model.arch", "no_such_network"], "--model.arch 'no_such_network' is not a network: use one of cnn, mlp"),
     (["--data.val_size", "-1"], "val_size -1"),
     (["--model.scheduler.warmup", "1.5"], "warmup must be between 0 and 1"),
     (["--config", "nothing.yaml"], "nothing.yaml"),
@@ -135,3 +135,29 @@ def test_missing_data_offline_is_one_line(tmp_path, monkeypatch, capsys):
 def test_results_are_json_with_no_nan(trained):
     text = (trained.run / "results.json").read_text()
     assert "NaN" not in text and all(not isinstance(v, float) or math.isfinite(v) for v in json.loads(text).values())
+
+
+@pytest.mark.parametrize("edit, phrase", [
+    ("weights only", "cannot resume training: it has no optimizer_states, lr_schedulers, loops"),
+    ("a key deleted", "weights do not fit this model (mlp for 10 classes of (1, 28, 28) images): net.fc1.bias"),
+])
+def test_a_checkpoint_that_cannot_be_resumed_is_one_line(edit, phrase, trained, tmp_path, monkeypatch, capsys):
+    checkpoint = torch.load(trained.run / "checkpoints" / "last.ckpt", weights_only=True)
+    if edit == "weights only":
+        checkpoint = {k: v for k, v in checkpoint.items() if k not in ("optimizer_states", "lr_schedulers", "loops")}
+    else:
+        del checkpoint["state_dict"]["net.fc1.bias"]
+    torch.save(checkpoint, tmp_path / "edited.ckpt")
+    monkeypatch.chdir(trained.cwd)
+    assert run_train(["--config", str(trained.run / "config.yaml"), "--ckpt_path", str(tmp_path / "edited.ckpt")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and phrase in err.strip().splitlines()[-1]
+
+
+def test_a_missing_optional_package_is_named(mnist_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("lightning.pytorch.callbacks.progress.rich_progress._RICH_AVAILABLE", False)
+    monkeypatch.chdir(tmp_path)
+    assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.callbacks+=RichProgressBar"],
+                     quiet=False) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "`RichProgressBar` requires `rich`" in err.strip().splitlines()[-1]
