@@ -279,6 +279,9 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
         raise Stopped(f"stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} in epoch {trainer.current_epoch} at step "
                       f"{trainer.global_step}; {saved}", 130 if ctrl_c else 143) from None
     fit_seconds = time.perf_counter() - start
+    # The test belongs to the fit's run: logging the hyperparameters again would reset TensorBoard's hp_metric to
+    # Lightning's placeholder (-1), the value the HParams tab shows.
+    trainer.enable_autolog_hparams = False
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     metrics = evaluate(trainer, "test", model, data, best or None, verbose)
     speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())

@@ -24,11 +24,18 @@ def test_a_run_fits_tests_and_writes_its_directory(trained):
     logged = scalars(run)
     assert len(logged["train/loss"]) == len(logged["val/acc"]) == 3 and logged["test/acc"][0] == record["test/acc"]
     assert logged["hp_metric"][-1] == pytest.approx(record["val/acc_best"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    last_written = max(events.Scalars("hp_metric"), key=lambda e: e.wall_time)  # what the HParams tab shows
+    assert last_written.value == pytest.approx(record["val/acc_best"])
     assert max(logged["val/acc"]) == pytest.approx(record["val/acc_best"])
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["model"]["init_args"]["arch"] == "mlp" and config["trainer"]["max_epochs"] == 3
 
 
+@pytest.mark.slow
 def test_the_saved_config_runs_the_same_model_again(trained, monkeypatch):
     monkeypatch.chdir(trained.cwd)
     assert run_train(["--config", str(trained.run / "config.yaml")]) == 0
@@ -37,6 +44,7 @@ def test_the_saved_config_runs_the_same_model_again(trained, monkeypatch):
     assert results(again)["val/acc_best"] == results(trained.run)["val/acc_best"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, data, first_layer", [
     ("cnn", "cifar10", 400), ("mlp", "cifar10", 3072), ("cnn", "mnist", 256), ("mlp", "mnist", 784)])
 def test_any_model_runs_on_any_data(model, data, first_layer, mnist_dir, cifar10_dir, tmp_path, monkeypatch):
@@ -102,6 +110,7 @@ def test_help_and_usage_name_what_is_registered(capsys):
     assert "lit_models.networks.NETWORKS" in arch and "import path" in arch
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_and_a_random_seed_is_recorded(mnist_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # where Lightning's seed_everything(None) would look first
@@ -116,6 +125,7 @@ def test_same_seed_same_numbers_and_a_random_seed_is_recorded(mnist_dir, tmp_pat
     assert results(runs(tmp_path)[-1])["test/loss"] == chosen["test/loss"]
 
 
+@pytest.mark.slow
 def test_compile_trains_the_same_network(mnist_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "64", "--trainer.max_epochs", "1"]
@@ -125,6 +135,7 @@ def test_compile_trains_the_same_network(mnist_dir, tmp_path, monkeypatch):
     assert compiled["test/acc"] == pytest.approx(plain["test/acc"], abs=0.02)
 
 
+@pytest.mark.slow
 def test_the_default_progress_bar_in_a_terminal(mnist_dir, tmp_path):
     code, output = run_in_terminal(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "64",
                                     "--trainer.max_epochs", "2"], cwd=tmp_path)
@@ -170,6 +181,7 @@ class Stripes(ImageDataModule):
 '''
 
 
+@pytest.mark.slow
 def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_path):
     (tmp_path / "mine.py").write_text(textwrap.dedent(EXTENSION))
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({

@@ -105,6 +105,7 @@ def test_bad_folders_fail_with_a_clear_message(damage, message, png_dir, tmp_pat
         ready(png_dir, tmp_path)
 
 
+@pytest.mark.slow
 def test_worker_processes_decode_the_same_pixels(tmp_path):
     write_folder(tmp_path / "many", {"train": 600, "test": 20})  # more than one batch of 256: worker processes
     dm = ready(tmp_path / "many", tmp_path)
@@ -204,6 +205,7 @@ def test_every_kind_of_image_file_decodes_to_its_8bit_pixels(kind, tmp_path):
     assert error == "" and np.array_equal(image.permute(1, 2, 0).numpy(), pixels)
 
 
+@pytest.mark.slow
 def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run_train(["--model", "cnn", "--data", "image_folder", "--data.root", str(png_dir), "--data.batch_size",

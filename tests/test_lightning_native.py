@@ -160,6 +160,7 @@ def test_checkpoints_every_n_train_steps(mnist, tmp_path):
     assert steps == [5, 10, 15, 20, 25, 30, 35, 40]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tune", ["callback", "tuner"])
 def test_learning_rate_finder_sets_the_models_lr(tune, mnist, tmp_path):
     finder = dict(min_lr=1e-4, max_lr=1.0)
@@ -172,6 +173,7 @@ def test_learning_rate_finder_sets_the_models_lr(tune, mnist, tmp_path):
     assert model.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(model.hparams.lr)
 
 
+@pytest.mark.slow
 def test_batch_size_finder_sets_the_data_modules_batch_size(mnist, tmp_path):
     finder = partial(BatchSizeFinder, mode="binsearch", steps_per_trial=1, init_val=16, max_trials=3)
     trainer, _, data = fit(ours, mnist, tmp_path / "ours", callbacks=[finder])
@@ -193,6 +195,7 @@ def cli_run(mnist, tmp_path, monkeypatch):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, check", [
     (["--trainer.gradient_clip_val", "1.0"], lambda run: (run / "checkpoints" / "last.ckpt").is_file()),
     (["--trainer.callbacks+=LearningRateMonitor", "--trainer.callbacks.logging_interval=step",
@@ -227,6 +230,7 @@ def test_without_a_logger_checkpoints_go_to_default_root_dir(cli_run, tmp_path):
     assert (tmp_path / "out" / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("logger, written", [
     (["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "csv"], "csv/lightning_logs/version_0/metrics.csv"),
     (["--trainer.logger", "MLFlowLogger", "--trainer.logger.tracking_uri", "file:./mlruns"], "mlruns"),

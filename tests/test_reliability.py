@@ -10,6 +10,8 @@ from conftest import ROOT, results, run_process, run_train, runs
 TESTS = str(ROOT / "tests")
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "3"]  # 8 steps an epoch
 
+pytestmark = pytest.mark.slow  # processes and signals: seconds each
+
 
 def weights(run):
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]

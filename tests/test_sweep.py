@@ -13,6 +13,8 @@ from conftest import ROOT, SWEEP, run_process, run_train, runs
 
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "2"]
 
+pytestmark = pytest.mark.slow  # processes and signals: seconds each
+
 
 def sweep(args, cwd, data, **kwargs):
     proc = run_process([*args, *BASE, "--data.data_dir", str(data)], cwd=cwd, script=SWEEP, quiet=False, **kwargs)

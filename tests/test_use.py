@@ -70,6 +70,7 @@ def write_digits(folder, data) -> list[int]:
     return labels[:30].tolist()
 
 
+@pytest.mark.slow
 def test_predict_files_reads_them_as_training_does(in_run, tmp_path, capsys):
     write_digits(tmp_path / "digits", in_run.data)
     (tmp_path / "digits" / "broken.png").write_bytes(b"not a png")
@@ -104,6 +105,7 @@ def test_predict_globs_and_files_and_what_matches_nothing(in_run, tmp_path, caps
     assert "none of the 1 images could be read" in capsys.readouterr().err and not (tmp_path / "bad.csv").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript", "pt2"])
 def test_export_round_trips_without_the_project(fmt, in_run, tmp_path, capsys):
     target = tmp_path / f"model.{fmt}"
@@ -160,6 +162,7 @@ def test_use_commands_need_a_checkpoint_and_know_their_options(in_run, capsys):
     assert "--inputs" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path):
     moved = tmp_path / "moved.ckpt"
     shutil.copy(json.loads((in_run.run / "results.json").read_text())["checkpoint"], moved)
