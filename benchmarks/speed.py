@@ -1,17 +1,18 @@
-"""Side by side on one machine: the tutorials' own training, this project, and a bare PyTorch loop.
+"""Side by side on one machine: the tutorials' own training, this project's recipes, and a bare PyTorch loop.
 
-    python benchmarks/speed.py --cifar10 DATA_DIR --fashion-mnist DATA_DIR            # about 15 minutes on 2 cores
-    python benchmarks/speed.py --fashion-mnist DIR --only mlp --skip-tutorials --device cuda
+    python benchmarks/speed.py --cifar10 DATA_DIR --fashion-mnist DATA_DIR    # about 40 minutes on 2 cores
+    python benchmarks/speed.py --fashion-mnist DIR --only mlp --repeats 1 --device cuda
 
 Each DATA_DIR is a `--data.data_dir` of train.py (torchvision's layout: `cifar-10-batches-py/`, `FashionMNIST/raw/`).
-For each model, each run a fresh process:
+For each model, --repeats times each (seeds 0, 1, ...), each run a fresh process:
   tutorial  the tutorial's training as written (benchmarks/tutorials/)
-  quick     train.py with the default recipe cut short (the CNN 2 epochs without crops; the MLP 10 epochs)
-  default   train.py --model cnn / --model mlp --data fashion_mnist, nothing else changed
-then, for "vs bare", --repeats rounds of short runs back to back, in turns: train.py with the default recipe, in a
-pseudo-terminal with its default progress bar as at a shell, and benchmarks/bare_loop.py, the same recipe, data
-batches and model in a bare PyTorch loop. It prints a markdown table and writes every figure to --work/speed.json.
-Our offline machines' CIFAR-10 copy fails torchvision's md5 check: the tutorial's script needs
+  quick     train.py --model quick_cnn / quick_mlp: the recipe chosen to reach the tutorial's accuracy fastest
+  default   train.py --model cnn / --model mlp --data fashion_mnist: the recipe that ends highest
+with the median and range of their training time and test accuracy, and the tutorial's time over the quick
+recipe's. Then, for "vs bare loop", --rounds rounds of short runs back to back, in turns: train.py with the default
+recipe, in a pseudo-terminal with its default progress bar as at a shell, and benchmarks/bare_loop.py, the same
+recipe, batches and model in a bare PyTorch loop. It prints markdown tables and writes every run to
+--work/speed.json. Our offline machines' CIFAR-10 copy fails torchvision's md5 check: the tutorial's script needs
 --cifar10-pythonpath (a sitecustomize that accepts the files as they are); train.py reads them as they are.
 """
 
@@ -99,39 +100,42 @@ def typical(r: dict) -> float:
     return statistics.median(r["epoch_seconds"][1:] or r["epoch_seconds"])
 
 
-def compare(args: list, env: dict, cwd: Path, runs: dict, repeats: int) -> None:
+def compare(args: list, env: dict, cwd: Path, rounds: int) -> list[dict]:
     """Rounds of short runs back to back, each taking the first place in turn: a shared machine's speed drifts by
     10-20% over minutes, more than the difference measured, so each ratio comes from neighbouring runs."""
-    rounds = []
-    for i in range(repeats):
+    done = []
+    for i in range(rounds):
         todo = {"train.py": lambda: project(args, env, cwd, terminal=True), "bare": lambda: bare(args, env, cwd)}
-        order = list(todo) if i % 2 == 0 else list(reversed(todo))
-        rounds.append({name: todo[name]() for name in order})
-    ratios = sorted(typical(r["bare"]) / typical(r["train.py"]) for r in rounds)
-    for name in ("train.py", "bare"):
-        epochs = [typical(r[name]) for r in rounds]
-        runs[f"{name} (short runs)"] = {**rounds[0][name], "typical_s": statistics.median(epochs),
-                                        "images_per_s": rounds[0][name]["images_per_epoch"] / statistics.median(epochs)}
-    runs["train.py (short runs)"].update(vs_bare=statistics.median(ratios), vs_bare_range=(ratios[0], ratios[-1]),
-                                         rounds=repeats)
+        done.append({name: todo[name]() for name in (list(todo) if i % 2 == 0 else list(reversed(todo)))})
+    return done
 
 
-def table(name: str, runs: dict, target: float | None) -> str:
-    tutorial_s = runs["tutorial"]["train_s"] if "tutorial" in runs else None
-    lines = [f"| {name} | epochs | batch | train s | to tutorial's acc | test acc | images/s | vs bare loop |",
-             "|---|---|---|---|---|---|---|---|"]
-    for label, r in runs.items():
-        reached = r["train_s"] if target is not None and label == "quick" and r["test_acc"] >= target else None
-        if label.startswith("bare") and target is not None:
-            reached = next((sum(r["epoch_seconds"][:i + 1]) for i, a in enumerate(r["epoch_acc"]) if a >= target), None)
-        speedup = f" (**{tutorial_s / reached:.0f}x**)" if reached and tutorial_s else ""
-        ips = r.get("images_per_s") or (r["images_per_epoch"] / typical(r) if "epoch_seconds" in r else None)
-        vs = ""
-        if "vs_bare" in r:
-            vs = f"**{r['vs_bare']:.0%}** ({r['vs_bare_range'][0]:.0%}-{r['vs_bare_range'][1]:.0%})"
-        lines.append(f"| {label} | {r['epochs']} | {r.get('batch', '')} | {r['train_s']:.1f} | "
-                     f"{f'{reached:.1f} s' if reached else ''}{speedup} | {100 * r['test_acc']:.1f}% | "
-                     f"{f'{ips:,.0f}' if ips else ''} | {vs} |")
+def spread(values: list[float], fmt: str) -> str:
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:{fmt}} ({low:{fmt}}-{high:{fmt}})" if len(values) > 1 else f"{mid:{fmt}}"
+
+
+def table(name: str, runs: dict) -> str:
+    """Rows: the tutorial, the quick and default recipes (median and range of their repeats), the vs-bare rounds."""
+    tutorial_s = statistics.median(r["train_s"] for r in runs["tutorial"]) if runs.get("tutorial") else None
+    lines = [f"| {name} | epochs | batch | train s | test acc | vs tutorial's time |", "|---|---|---|---|---|---|"]
+    for label in ("tutorial", "quick", "default"):
+        repeats = runs.get(label)
+        if not repeats:
+            continue
+        seconds = [r["train_s"] for r in repeats]
+        faster = ""
+        if tutorial_s and label != "tutorial":
+            faster = f"**{tutorial_s / statistics.median(seconds):.0f}x** faster"
+        lines.append(f"| {label} | {repeats[0]['epochs']} | {repeats[0].get('batch', '')} | {spread(seconds, '.1f')} | "
+                     f"{spread([100 * r['test_acc'] for r in repeats], '.1f')}% | {faster} |")
+    rounds = runs["rounds"]
+    ratios = [typical(r["bare"]) / typical(r["train.py"]) for r in rounds]
+    ips = {k: [r[k]["images_per_epoch"] / typical(r[k]) for r in rounds] for k in ("train.py", "bare")}
+    lines += ["", f"| default recipe, {len(rounds)} rounds of {rounds[0]['bare']['epochs']}-epoch runs back to back | "
+                  f"images/s (median epoch) | train.py vs bare loop |", "|---|---|---|",
+              f"| train.py (progress bar on) | {spread(ips['train.py'], ',.0f')} | **{spread(ratios, '.0%')}** |",
+              f"| bare PyTorch loop | {spread(ips['bare'], ',.0f')} | |"]
     return "\n".join(lines)
 
 
@@ -156,7 +160,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/lit-bench"), help="run logs and speed.json")
     parser.add_argument("--only", choices=["cnn", "mlp"])
     parser.add_argument("--skip-tutorials", action="store_true", help="leave out the (slow) tutorial scripts")
-    parser.add_argument("--repeats", type=int, default=6, help="rounds of short back-to-back runs, for vs bare")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each recipe and tutorial (seeds 0, 1, ...)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of short back-to-back runs, for vs bare")
     args = parser.parse_args()
     models = [args.only] if args.only else ["cnn", "mlp"]
     for model, folder in (("cnn", args.cifar10), ("mlp", args.fashion_mnist)):
@@ -170,28 +175,23 @@ def main() -> None:
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the tutorials take the GPU whenever there is one
     report, record = [f"Machine: {machine(args.device)}", ""], {"machine": machine(args.device)}
-    plan = {"cnn": ("CNN, CIFAR-10", "cifar10_cnn.py", [args.cifar10],
-                    ["--model", "cnn", "--data.data_dir", args.cifar10],
-                    ["--trainer.max_epochs=2", "--data.crop_padding=0"], 4),
+    plan = {"cnn": ("CNN, CIFAR-10", "cifar10_cnn.py", [args.cifar10], ["--data.data_dir", args.cifar10], 4),
             "mlp": ("MLP, Fashion-MNIST", "mnist_mlp.py", [args.fashion_mnist, "FashionMNIST"],
-                    ["--model", "mlp", "--data", "fashion_mnist", "--data.data_dir", args.fashion_mnist],
-                    ["--trainer.max_epochs=10"], 8)}
+                    ["--data", "fashion_mnist", "--data.data_dir", args.fashion_mnist], 8)}
     for model in models:
-        title, script, tutorial_args, recipe, quick, short = plan[model]
-        runs = {}
-        if not args.skip_tutorials:
-            tutorial_env = dict(env)
-            if model == "cnn" and args.cifar10_pythonpath:
-                tutorial_env["PYTHONPATH"] = os.pathsep.join([str(args.cifar10_pythonpath), env["PYTHONPATH"]])
-            runs["tutorial"] = tutorial(script, tutorial_args, tutorial_env, work)
-        runs["quick"] = project([*recipe, *device, *quick], env, work)
-        runs["default"] = project([*recipe, *device], env, work)
-        runs["bare loop, default recipe"] = bare([*recipe, *device], env, work)
-        compare([*recipe, *device, f"--trainer.max_epochs={short}"], env, work, runs, args.repeats)
-        report += [table(title, runs, runs.get("tutorial", {}).get("test_acc")), ""]
-        low, high = runs["train.py (short runs)"]["vs_bare_range"]
-        report += [f"vs bare loop: the bare loop's median epoch over train.py's in each of {args.repeats} rounds of "
-                   f"{short}-epoch runs back to back; the median round, and the range ({low:.0%}-{high:.0%}).", ""]
+        title, script, tutorial_args, data, short = plan[model]
+        runs = {"tutorial": [], "quick": [], "default": []}
+        tutorial_env = dict(env)
+        if model == "cnn" and args.cifar10_pythonpath:
+            tutorial_env["PYTHONPATH"] = os.pathsep.join([str(args.cifar10_pythonpath), env["PYTHONPATH"]])
+        for seed in range(args.repeats):
+            if not args.skip_tutorials:
+                runs["tutorial"].append(tutorial(script, [*tutorial_args, "--seed", seed], tutorial_env, work))
+            for label, recipe in (("quick", f"quick_{model}"), ("default", model)):
+                runs[label].append(project(["--model", recipe, *data, *device, f"--seed_everything={seed}"], env, work))
+        runs["rounds"] = compare(["--model", model, *data, *device, f"--trainer.max_epochs={short}"], env, work,
+                                 args.rounds)
+        report += [table(title, runs), ""]
         record[model] = runs
     print("\n".join(report))
     (args.work / "speed.json").write_text(json.dumps(record, indent=2, default=str) + "\n")

@@ -201,3 +201,36 @@ def test_the_registries_hold_the_built_in_names():  # and more once a user adds 
     assert {"cifar10", "mnist", "fashion_mnist", "image_folder"} <= set(datamodules.DATA)
     assert {"cnn", "mlp", "tutorial_cnn", "tutorial_mlp"} <= set(train.recipes())
     assert "\n" not in train.usage()
+
+
+@pytest.mark.parametrize("recipe, arch, epochs", [("quick_cnn", "cnn", 1), ("quick_mlp", "mlp", 4)])
+def test_quick_recipes_train_on_every_image_and_test_the_last_weights(recipe, arch, epochs, capsys):
+    assert run_train(["--model", recipe, "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["init_args"]["val_size"] == 0 and printed["trainer"]["max_epochs"] == epochs
+    assert printed["model"]["init_args"]["arch"] == arch
+    assert not any("ModelCheckpoint" in c["class_path"] for c in printed["trainer"]["callbacks"])
+
+
+def test_flip_test_averages_an_image_and_its_mirror(trained):
+    from lit_models import ImageClassifier
+
+    model = ImageClassifier.load_from_checkpoint(trained.run / "checkpoints" / "last.ckpt").eval()
+    images = torch.randint(0, 256, (4, 1, 28, 28), dtype=torch.uint8)
+    plain = model(images)
+    model.hparams.flip_test = True
+    mirrored = model.net((images.flip(3).float() / 255 - model.mean) / model.std)
+    assert torch.allclose(model(images), (plain + mirrored) / 2, atol=1e-5)
+    model.train()
+    assert torch.allclose(model(images), plain, atol=1e-6)  # training sees each image once
+
+
+def test_ema_from_the_command_line_averages_every_step(trained, monkeypatch):
+    monkeypatch.chdir(trained.cwd)
+    assert run_train(["--config", str(trained.run / "config.yaml"), "--trainer.callbacks+=EMA",
+                      "--trainer.callbacks.decay=0.9"]) == 0
+    run = max(runs(trained.cwd), key=lambda r: r.stat().st_mtime)
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(checkpoint["averaging_state"]["n_averaged"]) == checkpoint["global_step"] == 24
+    averaged, current = checkpoint["state_dict"], checkpoint["current_model_state"]
+    assert not torch.equal(averaged["net.fc1.weight"], current["net.fc1.weight"])

@@ -1,6 +1,6 @@
 """The MNIST MLP tutorial's training, as written, timed: the baseline this project is measured against.
 
-    python benchmarks/tutorials/mnist_mlp.py DATA_DIR [MNIST|FashionMNIST] [EPOCHS]
+    python benchmarks/tutorials/mnist_mlp.py DATA_DIR [MNIST|FashionMNIST] [EPOCHS] [--seed N]
 
 DATA_DIR is a `--data.data_dir` of train.py: it holds torchvision's `MNIST/raw/` or `FashionMNIST/raw/`
 (downloaded there if missing). MLP 784-128-10, Adam lr 0.001, batch 64, 10 epochs, the GPU if there is one.
@@ -27,10 +27,12 @@ class MLP(nn.Module):
 
 
 if __name__ == "__main__":
+    seed = int(sys.argv.pop(sys.argv.index("--seed") + 1)) if "--seed" in sys.argv else 0  # the benchmark's repeats
+    sys.argv = [a for a in sys.argv if a != "--seed"]
     root = sys.argv[1]
     name = sys.argv[2] if len(sys.argv) > 2 else "MNIST"
     epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
     dataset = getattr(datasets, name)
     train_loader = torch.utils.data.DataLoader(dataset(root, train=True, download=True, transform=transform),
