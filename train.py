@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
@@ -34,6 +35,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 import datamodules
 from datamodules import DataError
 from lit_models import ImageClassifier, ModelError, TimedProgressBar, TrainingSpeed
+
+# A torch.device in a configuration (StochasticWeightAveraging's default one) written and read back as its name:
+# without it, config.yaml would hold "Unable to serialize instance cpu", and would not replay.
+register_type(torch.device, serializer=str, deserializer=torch.device)
 
 RECIPES = Path(__file__).resolve().parent / "configs"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
@@ -209,8 +214,10 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
         base = [f"--data={json.dumps({'class_path': data['_class_path'], 'init_args': init})}"] if data else []
     rank_zero_only(print)(f"Using {path} ({model['init_args']['arch']}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
-    one_process = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto"]  # a DDP run's too
-    return path, expand(base + one_process + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
+    # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders):
+    # `--trainer.callbacks+=X` adds one of the user's.
+    use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto", "--trainer.callbacks=[]"]
+    return path, expand(base + use + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
         ["--ckpt_path", str(path)]
 
 
@@ -278,7 +285,8 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
             else "no checkpoint was written"
         raise Stopped(f"stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} in epoch {trainer.current_epoch} at step "
                       f"{trainer.global_step}; {saved}", 130 if ctrl_c else 143) from None
-    fit_seconds = time.perf_counter() - start
+    fit_seconds, epochs, step = time.perf_counter() - start, trainer.current_epoch, trainer.global_step
+    # (as fit left them: a BatchSizeFinder callback also runs, and restores the trainer, when testing starts)
     # The test belongs to the fit's run: logging the hyperparameters again would reset TensorBoard's hp_metric to
     # Lightning's placeholder (-1), the value the HParams tab shows.
     trainer.enable_autolog_hparams = False
@@ -287,7 +295,7 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
     speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())
     return report(cli, "fit", metrics, best or None, {
         "fit_seconds": round(fit_seconds, 2), "train_images_per_second": round(speed.images_per_second, 1),
-        "train_epoch_seconds": [round(s, 4) for s in speed.epoch_seconds]})
+        "train_epoch_seconds": [round(s, 4) for s in speed.epoch_seconds], "epochs": epochs, "global_step": step})
 
 
 def evaluate(trainer, stage: str, model, data, ckpt_path: str | None, verbose: bool = True) -> dict:
@@ -310,8 +318,8 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
     record = {"stage": stage, "model": model.hparams.arch,
               "data": getattr(cli.datamodule, "name", "") or type(cli.datamodule).__name__,
               f"{split}/acc": metrics.get(f"{split}/acc"), f"{split}/loss": metrics.get(f"{split}/loss"),
-              "val/acc_best": metrics.get("val/acc_best"), **extra,
-              "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+              "val/acc_best": metrics.get("val/acc_best"), "epochs": trainer.current_epoch,
+              "global_step": trainer.global_step, **extra,
               "device": str(trainer.strategy.root_device), "precision": str(trainer.precision),
               "seed": cli.config.seed_everything, "checkpoint": checkpoint,
               "log_dir": trainer.log_dir if trainer.loggers else None,
@@ -321,10 +329,10 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
         if record["log_dir"]:
             Path(record["log_dir"], "results.json").write_text(json.dumps(record, indent=2) + "\n")
         best = record["val/acc_best"]
+        fitted = f"({f'best val/acc {best:.4f}' if best is not None else 'no validation'}) after {record['epochs']} " \
+            f"epochs, fit in {record.get('fit_seconds', 0):.1f} s"
         print(f"{record['model']} on {record['data']}: {split}/acc {record[f'{split}/acc']:.4f}",
-              f"(best val/acc {best:.4f})" if best is not None else "(no validation)",
-              f"after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s" if stage == "fit" else
-              f"from {checkpoint}", f"on {record['device']};",
+              fitted if stage == "fit" else f"from {checkpoint}", f"on {record['device']};",
               f"logs in {record['log_dir']}" if record["log_dir"] else "no logger", flush=True)
     return record
 

@@ -6,6 +6,7 @@ from typing import Literal, Optional, Union
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
@@ -76,6 +77,7 @@ class ImageClassifier(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         _network(arch)  # a wrong name fails here, before any data is read
         self.net = None
+        self.built_from_data = False  # built in configure_model, after callbacks have seen the model
         self.val_loss, self.val_acc = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
         self.test_loss, self.test_acc = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
         self.val_acc_best = MaxMetric()
@@ -133,6 +135,15 @@ class ImageClassifier(L.LightningModule):
             if hp[name] is None:
                 hp[name] = value()
         self._build()
+        self.built_from_data = True
+
+    def on_fit_start(self):
+        # StochasticWeightAveraging copies the model in its setup, before configure_model (WeightAveraging, its
+        # successor, calls configure_model first): its copy would have no network to average.
+        if self.built_from_data and any(isinstance(c, StochasticWeightAveraging) for c in self.trainer.callbacks):
+            raise ModelError("StochasticWeightAveraging copies the model before it is built from the data: give the "
+                             "model its image_shape, num_classes, mean and std (--model.image_shape ...), or average "
+                             "with EMA or WeightAveraging, which build it first")
 
     def check_data(self, data) -> None:
         """A ModelError if `data`'s images or classes are not the ones this model was built for."""

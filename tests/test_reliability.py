@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -163,3 +164,44 @@ def test_a_missing_optional_package_is_named(mnist_dir, tmp_path, monkeypatch, c
                      quiet=False) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "`RichProgressBar` requires `rich`" in err.strip().splitlines()[-1]
+
+
+def test_a_run_with_swa_replays_and_predicts(mnist_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = [*BASE, "--data.data_dir", str(mnist_dir), "--trainer.callbacks+=StochasticWeightAveraging",
+            "--trainer.callbacks.swa_lrs=0.01", "--trainer.callbacks.swa_epoch_start=1"]
+    assert run_train(args) == 1  # SWA copies the model before it is built from the data: refused, in one line
+    assert "StochasticWeightAveraging copies the model" in capsys.readouterr().err.strip().splitlines()[-1]
+    shutil.rmtree(tmp_path / "lightning_logs")
+    args += ["--model.image_shape=[1,28,28]", "--model.num_classes=10", "--model.mean=[0.5]", "--model.std=[0.5]"]
+    assert run_train(args) == 0
+    (run,) = runs(tmp_path)
+    assert run_train(["--config", str(run / "config.yaml")]) == 0  # the saved config replays
+    assert results(runs(tmp_path)[-1])["test/acc"] == results(run)["test/acc"]
+    assert run_train(["predict", "--ckpt_path", str(run)]) == 0
+
+
+def test_bf16_true_keeps_the_best_validation_accuracy_exactly(mnist_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.precision", "bf16-true"]) == 0
+    from conftest import scalars
+
+    logged = scalars(runs(tmp_path)[0])
+    assert logged["val/acc_best"][-1] == max(logged["val/acc"])
+
+
+def test_the_batch_size_finder_from_the_command_line_records_the_run(mnist_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.callbacks+=BatchSizeFinder",
+                      "--trainer.callbacks.max_trials=2", "--trainer.callbacks.init_val=32"]) == 0
+    record = results(runs(tmp_path)[0])
+    assert record["epochs"] == 3 and record["global_step"] > 0
+
+
+def test_a_checkpoint_whose_std_is_zero_is_refused(trained, tmp_path, monkeypatch, capsys):
+    checkpoint = torch.load(trained.run / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["std"] = [0.0]
+    torch.save(checkpoint, tmp_path / "zero.ckpt")
+    monkeypatch.chdir(trained.cwd)
+    assert run_train(["export", "--ckpt_path", str(tmp_path / "zero.ckpt"), "--output", str(tmp_path / "m.onnx")]) == 1
+    assert "std > 0" in capsys.readouterr().err and not (tmp_path / "m.onnx").exists()
