@@ -1,5 +1,8 @@
 """`python train.py` as a user runs it: what a run writes, recipes and short names, configs that replay, extending."""
 
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -234,3 +237,19 @@ def test_ema_from_the_command_line_averages_every_step(trained, monkeypatch):
     assert int(checkpoint["averaging_state"]["n_averaged"]) == checkpoint["global_step"] == 24
     averaged, current = checkpoint["state_dict"], checkpoint["current_model_state"]
     assert not torch.equal(averaged["net.fc1.weight"], current["net.fc1.weight"])
+
+
+@pytest.mark.slow
+def test_an_installed_copy_finds_its_recipes_and_has_its_commands(tmp_path):
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                              "--target", str(target), str(ROOT)], capture_output=True, text=True, cwd=tmp_path)
+    assert install.returncode == 0, install.stderr[-2000:]
+    assert (target / "bin" / "lit-train").is_file() and (target / "bin" / "lit-sweep").is_file()
+    code = ("import sys, lit_image_classifiers.train as t; print(t.__file__); "
+            "sys.exit(t.main(['--model', 'quick_mlp', '--print_config']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(target)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(str(target)) and "quick" not in proc.stdout.split("\n", 1)[0]
+    assert yaml.safe_load(proc.stdout.split("\n", 1)[1])["data"]["init_args"]["val_size"] == 0
