@@ -17,7 +17,6 @@ import hashlib
 import itertools
 import logging
 import multiprocessing
-import os
 import shlex
 import signal
 import sys
@@ -27,6 +26,8 @@ import optuna
 import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
+
+from datamodules.images import usable_cpus
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
     from . import train
@@ -256,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         study.set_user_attr("command", base)
         study.set_user_attr("space", space)
         trials = opts.trials if opts.space else len(list(itertools.product(*space.values()))) if opts.grid else 1
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = max(1, cpus // opts.parallel)
+        threads = max(1, usable_cpus() // opts.parallel)
         objective = Objective(base, space, bool(opts.grid), [seed + i for i in range(opts.seeds)], folder,
                               f"OMP_NUM_THREADS={threads} ")
         print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)

@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 import datamodules
 from datamodules import DataError
-from lit_models import ImageClassifier, ModelError, TimedProgressBar, TrainingSpeed
+from lit_models import ImageClassifier, LastCheckpoint, ModelError, TimedProgressBar, TrainingSpeed
 
 # A torch.device in a configuration (StochasticWeightAveraging's default one) written and read back as its name:
 # without it, config.yaml would hold "Unable to serialize instance cpu", and would not replay.
@@ -192,8 +192,9 @@ def option(args: list[str], name: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
-def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
-    """A use command's arguments: the run's config.yaml, the model as the checkpoint holds it, the user's options."""
+def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]]:
+    """The checkpoint a use command names, its contents, and the command's arguments: the run's config.yaml, the
+    model as the checkpoint holds it, the user's options."""
     spec, rest = option(args, "--ckpt_path")
     if spec is None:
         raise UsageError(f"{subcommand} needs --ckpt_path: a checkpoint file, a run directory, or best/last")
@@ -217,7 +218,7 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, list[str]]:
     # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders):
     # `--trainer.callbacks+=X` adds one of the user's.
     use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto", "--trainer.callbacks=[]"]
-    return path, expand(base + use + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
+    return path, contents, expand(base + use + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
         ["--ckpt_path", str(path)]
 
 
@@ -279,8 +280,8 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
         with ctrl_c_stops_after_the_step(ctrl_c):
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
-        last = next((c.last_model_path or c.format_checkpoint_name({}) for c in trainer.checkpoint_callbacks
-                     if c.monitor is None), None)
+        last = next((c.format_checkpoint_name({}) for c in trainer.checkpoint_callbacks
+                     if isinstance(c, LastCheckpoint)), None)
         saved = f"saved {last}; add --ckpt_path {last} to the same command to go on" if last and Path(last).is_file() \
             else "no checkpoint was written"
         raise Stopped(f"stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} in epoch {trainer.current_epoch} at step "
@@ -307,7 +308,6 @@ def evaluate(trainer, stage: str, model, data, ckpt_path: str | None, verbose: b
     metrics = results[0]
     if trainer.received_sigterm:  # Lightning stops training on SIGTERM, not testing: never report such a test
         raise Stopped(f"stopped by SIGTERM while {stage}ing; the checkpoint is unchanged", 143)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(stage)} | metrics
     return metrics | {"val/acc_best": float(model.val_acc_best.compute()) if model.val_acc_best.update_count else None}
 
 
@@ -341,18 +341,17 @@ def use(subcommand: str, args: list[str]) -> dict:
     """test / validate / predict / export a checkpoint, with its run's configuration and the user's overrides."""
     from lit_models import export
 
-    path, args = replay_args(args, subcommand)
+    path, contents, args = replay_args(args, subcommand)
     cli = build(args, subcommand)
     if cli.trainer.world_size > 1:  # Lightning would start the other processes with a command line that fits
         raise UsageError(f"{subcommand} runs in one process: leave out --trainer.devices/num_nodes/strategy")
     if subcommand == "export" and cli.config.format not in export.FORMATS:
         raise UsageError(f"--format {cli.config.format}: choose one of {', '.join(export.FORMATS)}")
-    weights = read_checkpoint(path)["state_dict"]
-    cli.model.check_weights(weights)  # a checkpoint edited by hand: strict loading would fail with a traceback
-    cli.model.load_state_dict(weights)
-    if subcommand in ("test", "validate"):
+    cli.model.check_weights(contents["state_dict"])  # a checkpoint edited by hand: refused before anything starts
+    if subcommand in ("test", "validate"):  # Lightning loads the weights from ckpt_path
         return report(cli, subcommand, evaluate(cli.trainer, subcommand, cli.model, cli.datamodule, str(path)),
                       str(path), {})
+    cli.model.load_state_dict(contents["state_dict"])
     if subcommand == "export":
         return export.export(cli.model, cli.datamodule, cli.config.format, cli.config.output, path)
     return export.predict(cli.trainer, cli.model, cli.datamodule, path, cli.config.inputs, cli.config.output)
@@ -380,10 +379,10 @@ def run(argv: list[str]) -> dict:
         rest += ["--ckpt_path", str(path)]
         run_dir = path.parent.parent
         given = any(a.split("=")[0] in ("--config", "-c", "--model") for a in rest)
-        if not given and (run_dir / "config.yaml").is_file():  # the run's own configuration, then the user's options
+        has_config = (run_dir / "config.yaml").is_file()
+        if not given and has_config:  # the run's own configuration, then the user's options
             rest = ["--config", str(run_dir / "config.yaml"), *rest]
-        if path.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file() \
-                and option(rest, "--trainer.logger")[0] is None:
+        if path.parent.name == "checkpoints" and has_config and option(rest, "--trainer.logger")[0] is None:
             # Lightning's default logger would start a new version: go on in the run's own directory instead.
             logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {
                 "save_dir": str(run_dir.parent.parent), "name": run_dir.parent.name, "version": run_dir.name}}

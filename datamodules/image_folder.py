@@ -9,7 +9,6 @@ from typing import Literal, Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader
 
 from datamodules.base import DataError, ImageDataModule
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
@@ -18,12 +17,8 @@ from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
 def decode_files(paths: list[Path], channels: int, size: Optional[tuple[int, int]]) -> torch.Tensor:
     """Image files as one uint8 tensor (N, C, H, W), decoded by DataLoader worker processes on every core;
     a DataError naming the first file that cannot be read, or whose size differs."""
-    batches = -(-len(paths) // 256)
-    workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, batches)
-    loader = DataLoader(ImageFiles(paths, channels, size), batch_size=256, collate_fn=ImageFiles.collate,
-                        num_workers=workers if batches > 1 else 0)
     parts = []
-    for b, (images, errors) in enumerate(loader):
+    for b, (images, errors) in enumerate(ImageFiles(paths, channels, size).loader(batch_size=256)):
         if errors:
             i, error = next(iter(errors.items()))
             raise DataError(f"cannot read the image {paths[b * 256 + i]} ({error}); replace or remove it")
@@ -85,8 +80,12 @@ class ImageFolderDataModule(ImageDataModule):
             raise DataError(f"{folder} has no class folders: put each class's images in a folder named after it")
         return classes
 
+    @property
+    def splits_on_disk(self) -> tuple[str, ...]:
+        return ("train", "val", "test") if self.has_val_split else ("train", "test")
+
     def prepare_data(self) -> None:
-        for split in ("train", "val", "test") if self.has_val_split else ("train", "test"):
+        for split in self.splits_on_disk:
             self.read(split)  # decoded and cached once per machine, before the processes of a DDP run read it
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +97,7 @@ class ImageFolderDataModule(ImageDataModule):
         """The image files of a split in ImageFolder's order, and their labels (every split is listed at once: a
         link from one into another is then found)."""
         if not self._files:
-            splits = ("train", "val", "test") if self.has_val_split else ("train", "test")
+            splits = self.splits_on_disk
             for other in splits:
                 if self._class_folders(other) != self.classes:
                     raise DataError(f"{self.root / other} must have the same class folders as {self.root / 'train'}")

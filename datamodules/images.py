@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageOps
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 
@@ -145,3 +145,15 @@ class ImageFiles(Dataset):
         images = [image for image, _ in items]
         same = all(image.shape == images[0].shape for image in images)
         return (torch.stack(images) if same else images), errors
+
+    def loader(self, batch_size: int = 256) -> DataLoader:
+        """Batches of `collate`, decoded by worker processes on every usable core (none for a single batch: starting
+        a worker costs more than decoding it)."""
+        batches = -(-len(self) // batch_size)
+        return DataLoader(self, batch_size=batch_size, collate_fn=self.collate,
+                          num_workers=min(usable_cpus(), batches) if batches > 1 else 0)
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity, where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

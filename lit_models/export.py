@@ -20,9 +20,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import nn
-from torch.utils.data import DataLoader
 
-from datamodules.images import IMG_EXTENSIONS, ImageFiles
+from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
 from lit_models.classifier import ImageClassifier, ModelError
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "pt2": ".pt2"}
@@ -69,7 +68,7 @@ def find_images(inputs: list[str]) -> list[Path]:
         if path.is_file():
             matches = [path]
         elif path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(IMG_EXTENSIONS))
+            matches = list_images([path])[0]  # as an image folder's class folders are read: links followed, once
         else:
             matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True)
                              if p.lower().endswith(IMG_EXTENSIONS) and Path(p).is_file())
@@ -115,12 +114,8 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
             output: str | None) -> dict:
     """`train.py predict`: every image's top classes to a CSV file; a few of them and the accuracy printed."""
     paths = find_images(inputs) if inputs else None
-    loader = None
-    if paths:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        workers = min(cpus, -(-len(paths) // 256) - 1)  # none for one batch: a worker's start costs more
-        loader = DataLoader(ImageFiles(paths, model.hparams.image_shape[0], tuple(model.hparams.image_shape[1:])),
-                            batch_size=256, collate_fn=ImageFiles.collate, num_workers=max(0, workers))
+    channels, height, width = model.hparams.image_shape
+    loader = ImageFiles(paths, channels, (height, width)).loader() if paths else None
     target = Path(output).expanduser() if output else \
         new_file(checkpoint.parent.parent, f"predictions-{datetime.now():%Y%m%d-%H%M%S}", ".csv")
     with WrittenWhole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
