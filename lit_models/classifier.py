@@ -25,6 +25,14 @@ def _network(arch: str) -> type[torch.nn.Module]:
         raise ModelError(str(e)) from None
 
 
+def stopped_mid_epoch(checkpoint: dict) -> bool:
+    """Whether a training checkpoint was saved after some of an epoch's batches, before the epoch's end."""
+    fit = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs = fit.get("epoch_progress", {}).get("total", {})
+    batches = fit.get("epoch_loop.batch_progress", {}).get("current", {})
+    return epochs.get("processed", 0) < epochs.get("started", 0) and batches.get("completed", 0) > 0
+
+
 class ImageClassifier(L.LightningModule):
     """Cross-entropy classifier around a network (`--model RECIPE` of configs/; `ImageClassifier("mlp")` in Python).
 
@@ -219,6 +227,18 @@ class ImageClassifier(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint):
         self.check_weights(checkpoint.get("state_dict", {}))  # before Lightning loads them, strictly
+        try:
+            data = self.trainer.datamodule if self.trainer.training else None
+        except RuntimeError:  # not attached to a Trainer: load_from_checkpoint
+            return
+        if data is not None and type(data).state_dict is not L.LightningDataModule.state_dict and \
+                not checkpoint.get(type(data).__qualname__) and stopped_mid_epoch(checkpoint):
+            # Without the data module's position, the epoch would restart its batches from the first (a checkpoint
+            # of an earlier version of this project): some would be trained twice, others never.
+            raise ModelError(f"this checkpoint was saved in the middle of epoch {checkpoint.get('epoch')} without "
+                             f"the position of {type(data).__name__} in it, so resuming could not train that epoch's "
+                             f"batches exactly once: resume from a checkpoint saved at the end of an epoch, or start "
+                             f"a new run")
 
     def check_weights(self, weights: dict) -> None:
         """A ModelError naming the weights that are missing, unexpected or of another shape than this model's."""

@@ -44,3 +44,23 @@ class SaveWeights(L.Callback):
         import torch
 
         torch.save(pl_module.state_dict(), f"weights-rank{trainer.global_rank}.pt")
+
+
+class MemoryGrowth(L.Callback):
+    """Writes memory.txt: the process's resident memory growth in MB from epoch `start` to the last epoch."""
+
+    def __init__(self, start: int = 20):
+        self.start, self.first = start, None
+
+    @staticmethod
+    def resident_mb() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == self.start:
+            self.first = self.resident_mb()
+
+    def on_train_end(self, trainer, pl_module):
+        with open("memory.txt", "w") as f:
+            f.write(f"{self.resident_mb() - self.first:.2f}")

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import ROOT, results, run_process, run_train, runs
+from conftest import ROOT, results, run_process, run_train, runs, scalars
 
 TESTS = str(ROOT / "tests")
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "3"]  # 8 steps an epoch
@@ -204,3 +204,30 @@ def test_a_checkpoint_whose_std_is_zero_is_refused(trained, tmp_path, monkeypatc
     monkeypatch.chdir(trained.cwd)
     assert run_train(["export", "--ckpt_path", str(tmp_path / "zero.ckpt"), "--output", str(tmp_path / "m.onnx")]) == 1
     assert "std > 0" in capsys.readouterr().err and not (tmp_path / "m.onnx").exists()
+
+
+def test_a_mid_epoch_checkpoint_without_the_data_position_is_refused(mnist_dir, tmp_path):
+    """An earlier version's checkpoint has no position in the epoch: resuming would train some batches twice."""
+    args = [*BASE, "--data.data_dir", str(mnist_dir)]
+    stopped = run_process(args + ["--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=5"], cwd=tmp_path,
+                          env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    last = runs(tmp_path)[0] / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint.pop("MNISTDataModule")["train_batches"] == {"epoch": 0, "batches": 5}
+    torch.save(checkpoint, last)
+    resumed = run_process(args + ["--ckpt_path", "last"], cwd=tmp_path)
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+    message = resumed.stderr.strip().splitlines()[-1]
+    assert message.startswith("train.py: error: ") and "middle of epoch 0 without the position of MNISTData" in message
+    assert torch.load(last, weights_only=True)["global_step"] == checkpoint["global_step"]  # left as it was
+
+
+def test_many_epochs_with_the_default_logger_do_not_grow_memory(mnist_dir, tmp_path):
+    """An earlier version grew by 0.16 MB an epoch with TensorBoard (not in the Python heap): 20 MB over these."""
+    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.max_epochs", "150",
+                        "--trainer.limit_train_batches", "1", "--trainer.callbacks+=probes.MemoryGrowth"],
+                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(scalars(runs(tmp_path)[0])["val/acc"]) == 150  # TensorBoard got every epoch
+    assert float((tmp_path / "memory.txt").read_text()) < 8
