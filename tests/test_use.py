@@ -169,3 +169,14 @@ def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path):
     proc = run_process(["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-1000:]
     assert "mlp on mnist: test/acc" in proc.stdout
+
+
+def test_an_explicit_output_is_replaced_only_by_a_whole_file(in_run, tmp_path, capsys):
+    mine = tmp_path / "mine.csv"
+    mine.write_text("kept\n")
+    (tmp_path / "notes.png").write_text("not an image")
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "notes.png"),
+                      "--output", str(mine)]) == 1
+    assert "nothing written" in capsys.readouterr().err and mine.read_text() == "kept\n"
+    assert run_train(["predict", "--ckpt_path", "best", "--output", str(mine)]) == 0  # asked for: replaced
+    assert len(mine.read_text().splitlines()) == 201 and not list(tmp_path.glob("*.tmp*"))
