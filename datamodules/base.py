@@ -168,6 +168,10 @@ class ImageDataModule(L.LightningDataModule):
         if batch_size < 1 or eval_batch_size < 1 or crop_padding < 0 or (val_size is not None and val_size < 0):
             raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} must be at least 1, "
                             f"crop_padding {crop_padding} and val_size {val_size} at least 0")
+        if isinstance(val_size, float) and val_size >= 1:  # 2.0 from a config is a count; 2.5 is neither
+            if not val_size.is_integer():
+                raise DataError(f"--data.val_size {val_size}: a count of images, or a fraction between 0 and 1")
+            val_size = int(val_size)
         self.data_dir, self.batch_size, self.eval_batch_size = data_dir, batch_size, eval_batch_size
         self.val_size, self.split_seed, self.crop_padding, self.flip = val_size, split_seed, crop_padding, flip
         self.on_device, self.download = on_device, download

@@ -66,7 +66,7 @@ def test_missing_data_offline_says_where_to_put_which_files(tmp_path):
         MNISTDataModule(data_dir=str(tmp_path), download=False).prepare_data()
 
 
-@pytest.mark.parametrize("val_size, val", [(None, 60), (100, 100), (0.25, 150), (0, 0)])
+@pytest.mark.parametrize("val_size, val", [(None, 60), (100, 100), (100.0, 100), (0.25, 150), (0, 0)])
 def test_validation_split_size(val_size, val, mnist_dir):
     dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=val_size)
     dm.setup("fit")
@@ -103,6 +103,8 @@ def test_bad_sizes_are_refused(mnist_dir):
         dm.train_dataloader()
     with pytest.raises(DataError, match="val_size 600 leaves none"):
         MNISTDataModule(data_dir=str(mnist_dir), val_size=600).setup("fit")
+    with pytest.raises(DataError, match="val_size 2.5: a count of images, or a fraction between 0 and 1"):
+        MNISTDataModule(data_dir=str(mnist_dir), val_size=2.5)
 
 
 def test_channel_stats_are_exact():
