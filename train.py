@@ -329,10 +329,11 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
         if record["log_dir"]:
             Path(record["log_dir"], "results.json").write_text(json.dumps(record, indent=2) + "\n")
         best = record["val/acc_best"]
-        fitted = f"({f'best val/acc {best:.4f}' if best is not None else 'no validation'}) after {record['epochs']} " \
-            f"epochs, fit in {record.get('fit_seconds', 0):.1f} s"
-        print(f"{record['model']} on {record['data']}: {split}/acc {record[f'{split}/acc']:.4f}",
-              fitted if stage == "fit" else f"from {checkpoint}", f"on {record['device']};",
+        validation = f"best val/acc {best:.4f}" if best is not None else "no validation"
+        source = (f"({validation}) after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s"
+                  if stage == "fit" else f"from {checkpoint}")
+        print(f"{record['model']} on {record['data']}: {split}/acc {record[f'{split}/acc']:.4f}", source,
+              f"on {record['device']};",
               f"logs in {record['log_dir']}" if record["log_dir"] else "no logger", flush=True)
     return record
 

@@ -183,8 +183,6 @@ def test_a_run_with_swa_replays_and_predicts(mnist_dir, tmp_path, monkeypatch, c
 def test_bf16_true_keeps_the_best_validation_accuracy_exactly(mnist_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.precision", "bf16-true"]) == 0
-    from conftest import scalars
-
     logged = scalars(runs(tmp_path)[0])
     assert logged["val/acc_best"][-1] == max(logged["val/acc"])
 
