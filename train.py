@@ -16,6 +16,7 @@ config.yaml (`--config` of it runs it again) and results.json.
 """
 
 import importlib
+import inspect
 import json
 import random
 import signal
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -34,7 +36,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 import datamodules
 from datamodules import DataError
-from lit_models import ImageClassifier, LastCheckpoint, ModelError, TimedProgressBar, TrainingSpeed
+from lit_models import NETWORKS, ImageClassifier, LastCheckpoint, ModelError, TimedProgressBar, TrainingSpeed
 
 # A torch.device in a configuration (StochasticWeightAveraging's default one) written and read back as its name:
 # without it, config.yaml would hold "Unable to serialize instance cpu", and would not replay.
@@ -84,7 +86,7 @@ class TrainCLI(LightningCLI):
     """
 
     def __init__(self, args: list[str], subcommand: str = "fit", save_config_kwargs: dict | None = None):
-        self.command = subcommand
+        self.command, self.args = subcommand, args
         # The command line as LightningCLI parses it, in sys.argv: Lightning starts the other processes of a DDP run
         # with sys.argv, and they must run the same expanded command (the same seed, the same checkpoint).
         sys.argv[1:] = args
@@ -112,6 +114,7 @@ class TrainCLI(LightningCLI):
             parser.add_argument("--format", type=str, default="onnx", help="onnx, torchscript or pt2")
 
     def before_instantiate_classes(self) -> None:
+        check_optimizer(self.config.model.init_args, self.args)
         trainer = self.config.trainer
         if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
             self.save_config_callback = None
@@ -133,6 +136,44 @@ class TrainCLI(LightningCLI):
             torch.set_float32_matmul_precision("high")  # TF32 for what stays in float32
 
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        # What the model needs from the data (shapes, classes, statistics) before anything looks at it: callbacks
+        # such as StochasticWeightAveraging copy the model when fitting starts, and Lightning logs its
+        # hyperparameters (hparams.yaml, TensorBoard's HParams) as they are then.
+        if isinstance(self.model, ImageClassifier):
+            self.model.take_from_data(self.datamodule)
+
+
+def check_optimizer(model: Namespace, args: list[str]) -> None:
+    """One learning rate: `--model.lr`, unless it is null. And an optimizer class given on the command line starts
+    from its own defaults, not from the settings the configuration before it gave to another class."""
+    optimizer = model.get("optimizer")
+    if not isinstance(optimizer, Namespace) or "class_path" not in optimizer:
+        return
+    init = optimizer.get("init_args") or Namespace()
+    defaults = {name: p.default for name, p in inspect.signature(import_class(optimizer.class_path)).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    lr_given = option(args, "--model.optimizer.lr")[0] is not None or init.get("lr", defaults.get("lr")) != \
+        defaults.get("lr")
+    if model.get("lr") is not None and lr_given:
+        raise UsageError(f"--model.optimizer.lr {init.get('lr')}: the learning rate is --model.lr (the peak of "
+                         f"OneCycle, what the learning-rate finder sets): give --model.lr {init.get('lr')}, or "
+                         f"--model.lr null to use the optimizer's")
+    chosen, _ = option(args, "--model.optimizer")
+    if chosen is None or chosen.lstrip().startswith("{"):
+        return
+    reset = {key: defaults[key] for key in init.keys() if key in defaults and init[key] != defaults[key] and
+             option(args, f"--model.optimizer.{key}")[0] is None}
+    if reset:
+        for key, value in reset.items():
+            init[key] = value
+        first = sorted(reset)[0]
+        rank_zero_only(print)(f"--model.optimizer {chosen} starts from its own defaults: {', '.join(sorted(reset))} "
+                              f"of the configuration before it are reset (--model.optimizer.{first} ... sets one)",
+                              file=sys.stderr)
+
+
 def import_class(path: str) -> type:
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
@@ -150,8 +191,11 @@ def read_checkpoint(path: Path) -> dict:
         raise ModelError(f"checkpoint {path} cannot be read; it may be truncated or not a checkpoint "
                          f"({type(e).__name__})") from None
     hparams = contents.get("hyper_parameters") if isinstance(contents, dict) else None
-    if not isinstance(hparams, dict) or "arch" not in hparams or "state_dict" not in contents:
-        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no arch among its "
+    if isinstance(hparams, dict) and "arch" in hparams:
+        raise ModelError(f"{path} was saved by an earlier version of this project (--model.arch, now --model.net): "
+                         f"train it again")
+    if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
+        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no net among its "
                          f"hyperparameters)")
     return contents
 
@@ -213,7 +257,8 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
                              f"its folder: pass --data NAME (and its options)")
         init = {k: v for k, v in data.items() if not k.startswith("_")}
         base = [f"--data={json.dumps({'class_path': data['_class_path'], 'init_args': init})}"] if data else []
-    rank_zero_only(print)(f"Using {path} ({model['init_args']['arch']}, epoch {contents.get('epoch')}, "
+    net = model["init_args"]["net"]["class_path"].rpartition(".")[2]
+    rank_zero_only(print)(f"Using {path} ({net}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
     # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders):
     # `--trainer.callbacks+=X` adds one of the user's.
@@ -223,16 +268,23 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
 
 
 def expand(args: list[str], default_recipe: bool = True) -> list[str]:
-    """`--model NAME` as the recipe's `--config` (first, so that what follows overrides it), `--data NAME` as its
-    class path; without a recipe or config, the CNN's. `--seed_everything true` as the random seed it asks for
-    (Lightning 2.6's seed_everything(None) takes 0)."""
+    """`--model NAME` as the recipe's `--config` (first, so that what follows overrides it), `--data NAME` and
+    `--model.net NAME` as their class paths; without a recipe or config, the CNN's. `--seed_everything true` as the
+    random seed it asks for (Lightning 2.6's seed_everything(None) takes 0)."""
     out, given, i = [], [], 0
     seed = str(random.randint(1, 2**31 - 1))
     args = [seed if a.lower() == "true" and j and args[j - 1] == "--seed_everything" else
             f"--seed_everything={seed}" if a.lower() == "--seed_everything=true" else a for j, a in enumerate(args)]
     while i < len(args):
         key, eq, value = args[i].partition("=")
-        if key in ("--model", "--data") and (eq or i + 1 < len(args)):
+        name = value if eq else args[i + 1] if i + 1 < len(args) else ""
+        if key == "--model.net" and "." not in name and not name.lstrip().startswith("{"):
+            if name not in NETWORKS:
+                raise UsageError(f"unknown --model.net '{name}'; choose one of: {', '.join(NETWORKS)} (or a class "
+                                 f"path)")
+            out.append(f"--model.net={NETWORKS[name].__module__}.{NETWORKS[name].__qualname__}")
+            i += 1 if eq else 2
+        elif key in ("--model", "--data") and (eq or i + 1 < len(args)):
             value = value if eq else args[i + 1]
             i += 1 if eq else 2
             if key == "--model" and value in recipes():
@@ -315,7 +367,7 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
     """The record of a run: printed in one line, and written as results.json in its log directory."""
     trainer, model = cli.trainer, cli.model
     split = "val" if stage == "validate" else "test"
-    record = {"stage": stage, "model": model.hparams.arch,
+    record = {"stage": stage, "model": model.net_name,
               "data": getattr(cli.datamodule, "name", "") or type(cli.datamodule).__name__,
               f"{split}/acc": metrics.get(f"{split}/acc"), f"{split}/loss": metrics.get(f"{split}/loss"),
               "val/acc_best": metrics.get("val/acc_best"), "epochs": trainer.current_epoch,

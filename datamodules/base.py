@@ -76,8 +76,9 @@ class DeviceBatches:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, train: bool = False,
                  shuffle: bool = True, crop_padding: int = 0, flip: bool = False, seed: int = 0, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
+        self.to_float = to_float
         self.shuffle, self.crop_padding, self.flip, self.seed = shuffle and train, crop_padding, flip, seed
         self.rank, self.world_size = rank, world_size
         self.epoch, self.yielded, self._resume = 0, 0, None
@@ -130,6 +131,8 @@ class DeviceBatches:
                 images = random_crop(images, self.crop_padding, generator)
             if self.flip:
                 images = random_flip(images, generator)
+            if self.to_float:
+                images = images.float().div_(255)
             self.yielded = i + 1
             yield images, self.labels.index_select(0, index)
 
@@ -153,6 +156,8 @@ class ImageDataModule(L.LightningDataModule):
         on_device: keep the data set on the training device (fast); false keeps it in host memory and moves each
             batch, for data that does not fit on the device.
         download: download the data set if it is missing.
+        float_images: batches of float32 images on the 0..1 scale, as torchvision's ToTensor() gives them, for a
+            LightningModule of your own that takes those (ImageClassifier takes the uint8 images themselves).
     """
 
     name: str = ""  # the short name `--data NAME` takes
@@ -162,7 +167,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(self, data_dir: str = "./data", batch_size: int = 128, eval_batch_size: int = 1000,
                  val_size: Optional[Union[int, float]] = None, split_seed: int = 0, crop_padding: int = 0,
-                 flip: bool = False, on_device: bool = True, download: bool = True):
+                 flip: bool = False, on_device: bool = True, download: bool = True, float_images: bool = False):
         super().__init__()
         self.save_hyperparameters()
         if batch_size < 1 or eval_batch_size < 1 or crop_padding < 0 or (val_size is not None and val_size < 0):
@@ -174,7 +179,7 @@ class ImageDataModule(L.LightningDataModule):
             val_size = int(val_size)
         self.data_dir, self.batch_size, self.eval_batch_size = data_dir, batch_size, eval_batch_size
         self.val_size, self.split_seed, self.crop_padding, self.flip = val_size, split_seed, crop_padding, flip
-        self.on_device, self.download = on_device, download
+        self.on_device, self.download, self.float_images = on_device, download, float_images
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
         self._train_state: Optional[dict] = None
@@ -228,8 +233,14 @@ class ImageDataModule(L.LightningDataModule):
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
                 parts = {"train": order[size:]} if self.has_val_split else {"train": order[size:], "val": order[:size]}
                 parts = {name: (images.index_select(0, i), labels.index_select(0, i)) for name, i in parts.items()}
-            device = self.trainer.strategy.root_device if self.trainer is not None and self.on_device else "cpu"
-            self.splits.update({name: (x.to(device), y.to(device)) for name, (x, y) in parts.items()})
+            self.splits.update(parts)
+        # Read before a trainer is attached (the statistics the model takes when it is built) it stays in host
+        # memory until then, and moves to the training device once.
+        device = torch.device(self.trainer.strategy.root_device if self.trainer is not None and self.on_device
+                              else "cpu")
+        images, labels = self.splits[split]
+        if images.device != device:
+            self.splits[split] = images.to(device), labels.to(device)
         return self.splits[split]
 
     def _rank(self) -> tuple[int, int]:
@@ -245,7 +256,8 @@ class ImageDataModule(L.LightningDataModule):
         # same batches every epoch, as Lightning does with a DataLoader.
         batches = DeviceBatches(images, labels, self.batch_size, train=True, crop_padding=self.crop_padding,
                                 flip=self.flip, seed=torch.initial_seed(), rank=rank, world_size=world_size,
-                                shuffle=self.trainer is None or not self.trainer.overfit_batches)
+                                shuffle=self.trainer is None or not self.trainer.overfit_batches,
+                                to_float=self.float_images)
         if self._train_state is not None:
             batches.load_state_dict(self._train_state)
             self._train_state = None
@@ -263,7 +275,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def _eval_batches(self, split: str) -> DeviceBatches:
         rank, world_size = self._rank()
-        return DeviceBatches(*self._split(split), self.eval_batch_size, rank=rank, world_size=world_size)
+        return DeviceBatches(*self._split(split), self.eval_batch_size, rank=rank, world_size=world_size,
+                             to_float=self.float_images)
 
     def val_dataloader(self):
         return self._eval_batches("val") if self.has_validation else []

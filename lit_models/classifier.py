@@ -1,7 +1,10 @@
 """One LightningModule for image classification: normalisation, loss, metrics and optimisation around a network."""
 
+import functools
+import importlib
 import inspect
-from typing import Literal, Optional, Union
+import math
+from typing import Callable, Literal, Optional, Union
 
 import lightning as L
 import torch
@@ -11,18 +14,46 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from lit_models.networks import network_class
+from datamodules.base import mix_seed
+from lit_models.networks import NETWORKS, TutorialCNN, network_class
 
 
 class ModelError(RuntimeError):
     """The model cannot be built, trained or used as asked; the message says why and what to do."""
 
 
-def _network(arch: str) -> type[torch.nn.Module]:
-    try:
-        return network_class(arch)
-    except ValueError as e:
-        raise ModelError(str(e)) from None
+# A network class, or a partial of one, that takes (image_shape, num_classes) and builds the network: what
+# LightningCLI makes of `--model.net CLASS --model.net.ARG VALUE`, as it makes optimizers of `--model.optimizer`.
+NetworkCallable = Callable[[tuple[int, int, int], int], torch.nn.Module]
+
+
+def as_spec(part):
+    """A part of the model (network, optimizer, schedule) as a checkpoint keeps it: `{class_path, init_args}`,
+    plain data that loads with torch's weights_only=True. A name, a class or a `functools.partial` of a class;
+    anything else (LightningCLI's own partials, whose configuration LightningCLI records itself) as it is."""
+    if isinstance(part, str):
+        try:
+            cls = network_class(part)
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": {}}
+    if isinstance(part, functools.partial) and isinstance(part.func, type) and not part.args:
+        return {"class_path": f"{part.func.__module__}.{part.func.__qualname__}", "init_args": dict(part.keywords)}
+    if isinstance(part, type):
+        return {"class_path": f"{part.__module__}.{part.__qualname__}", "init_args": {}}
+    return part
+
+
+def as_factory(part):
+    """The callable a spec of `as_spec` stands for (a partial of its class); a callable as it is."""
+    if isinstance(part, dict) and "class_path" in part:
+        module, _, name = part["class_path"].rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            raise ModelError(f"{part['class_path']} cannot be imported") from None
+        return functools.partial(cls, **(part.get("init_args") or {}))
+    return as_factory(as_spec(part)) if isinstance(part, str) else part
 
 
 def stopped_mid_epoch(checkpoint: dict) -> bool:
@@ -36,26 +67,31 @@ def stopped_mid_epoch(checkpoint: dict) -> bool:
 class ImageClassifier(L.LightningModule):
     """Cross-entropy classifier around a network (`--model RECIPE` of configs/; `ImageClassifier("mlp")` in Python).
 
-    The model owns its input: it takes uint8 images (N, C, H, W) and normalises them with its own mean and
-    standard deviation, which it keeps (with the image shape and class names) in every checkpoint, so that
-    test, predict, `classify` and exported models see what training saw. What is not given is filled in from
-    the data module when training starts (`setup`), from the CLI and from plain Python alike.
+    The model owns its input: it takes uint8 images (N, C, H, W), 0..255, and normalises them with its own mean
+    and standard deviation, which it keeps (with the image shape and class names) in every checkpoint, so that
+    test, predict, `classify` and exported models see what training saw. Float batches are refused (a
+    ToTensor/Normalize pipeline would be normalised twice). What is not given is taken from the data module:
+    by train.py when it builds the model, by `take_from_data`, or when fitting starts (`configure_model`).
 
     Args:
-        arch: the network: a name in lit_models.networks.NETWORKS, or the import path of any nn.Module class
-            taking (image_shape, num_classes).
+        net: the network, the LightningCLI way: a class (or a partial of one) taking (image_shape, num_classes)
+            and arguments of its own (`--model.net lit_models.TutorialMLP --model.net.hidden 256`); a name in
+            lit_models.networks.NETWORKS or an import path; or `{class_path, init_args}`.
         image_shape: (channels, height, width) of the images; None: the data module's.
         num_classes: number of classes; None: the data module's.
         class_names: names of the classes; None: the data module's.
         mean: per-channel mean of the input normalisation on the 0..1 scale; None: the data module's
             (its training images'); the tutorials use 0.5.
         std: per-channel standard deviation of the normalisation, likewise.
-        lr: the learning rate (the peak of a OneCycle schedule); None: the optimizer's own. Lightning's
-            learning-rate finder sets it.
+        lr: the learning rate (the peak of a OneCycle schedule), which Lightning's learning-rate finder sets;
+            None: the optimizer's own. train.py refuses `--model.optimizer.lr` beside it.
         optimizer: any torch optimizer and its arguments (`--model.optimizer SGD --model.optimizer.momentum 0.9`).
         scheduler: the learning-rate schedule; one that takes `total_steps` (`--model.scheduler OneCycle`) is
             planned over the run's optimizer steps and stepped every step, others every epoch; null: constant.
         label_smoothing: label smoothing of the training loss, in [0, 1] (evaluation losses use none).
+        mixup: alpha of torchvision's MixUp of training batches (0: off); the training accuracy counts each
+            prediction by the share of its class in the mixed label.
+        cutmix: alpha of torchvision's CutMix (0: off); with mixup too, each batch takes one of the two.
         flip_test: when evaluating (validation, test, predict, `classify`, exports), average the logits of each
             image and of its mirror image: test-time augmentation for data whose classes survive a flip.
         channels_last: the NHWC memory layout for convolutional networks (faster on GPUs and CPUs alike).
@@ -64,7 +100,7 @@ class ImageClassifier(L.LightningModule):
 
     def __init__(
         self,
-        arch: str = "cnn",
+        net: NetworkCallable = TutorialCNN,
         image_shape: Optional[tuple[int, int, int]] = None,
         num_classes: Optional[int] = None,
         class_names: Optional[list[str]] = None,
@@ -74,16 +110,24 @@ class ImageClassifier(L.LightningModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         scheduler: Optional[LRSchedulerCallable] = None,
         label_smoothing: float = 0.0,
+        mixup: float = 0.0,
+        cutmix: float = 0.0,
         flip_test: bool = False,
         channels_last: bool = True,
         compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False,
     ):
         super().__init__()
-        # The optimizer and schedule are code, not data: kept out of the checkpoint's hyperparameters so that
-        # it loads with torch's weights_only=True (the run's config.yaml records them).
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
-        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        _network(arch)  # a wrong name fails here, before any data is read
+        if lr is not None and not (math.isfinite(lr) and lr > 0):
+            raise ModelError(f"--model.lr {lr}: a learning rate is a positive number")
+        if not 0 <= label_smoothing <= 1 or min(mixup, cutmix) < 0:
+            raise ModelError(f"--model.label_smoothing {label_smoothing} must be in [0, 1], --model.mixup {mixup} "
+                             f"and --model.cutmix {cutmix} at least 0")
+        self.net_factory, self.optimizer_factory, self.scheduler_factory = map(as_factory, (net, optimizer, scheduler))
+        # Hyperparameters are data: the parts as {class_path, init_args}, so that a checkpoint loads with torch's
+        # weights_only=True and rebuilds the same network, optimizer and schedule (LightningCLI records its own
+        # configuration of them in the same form).
+        net, optimizer, scheduler = map(as_spec, (net, optimizer, scheduler))
+        self.save_hyperparameters()
         self.net = None
         self.built_from_data = False  # built in configure_model, after callbacks have seen the model
         self.val_loss, self.val_acc = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
@@ -91,18 +135,25 @@ class ImageClassifier(L.LightningModule):
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run remembers its best epoch
         self.train_sums, self.train_steps = torch.zeros(2), 0
-        if image_shape is not None and num_classes is not None and mean is not None and std is not None:
+        if image_shape is not None and num_classes is not None:
             self._build()
+
+    @property
+    def net_name(self) -> str:
+        """The network's short name (NETWORKS), or its class name."""
+        if self.net is None:
+            return str((self.hparams.net or {}).get("class_path", "")).rpartition(".")[2] or "network"
+        return {cls: name for name, cls in NETWORKS.items()}.get(type(self.net), type(self.net).__name__)
 
     def _build(self) -> None:
         hp = self.hparams
-        if len(hp.mean) != hp.image_shape[0] or len(hp.std) != hp.image_shape[0] or min(hp.std) <= 0:
-            raise ModelError(f"mean {hp.mean} and std {hp.std} need one value per channel of {tuple(hp.image_shape)} "
-                             f"images, and std > 0")
         try:
-            net = _network(hp.arch)(tuple(hp.image_shape), hp.num_classes)
-        except ValueError as e:  # what a network says about the shape it was given
-            raise ModelError(str(e)) from None
+            net = self.net_factory(tuple(hp.image_shape), hp.num_classes)
+        except (ValueError, TypeError) as e:  # what a network says about the shape or arguments it was given
+            raise ModelError(f"the network {self.net_name} cannot be built for {tuple(hp.image_shape)} images of "
+                             f"{hp.num_classes} classes: {e}") from None
+        if not isinstance(net, torch.nn.Module):
+            raise ModelError(f"--model.net built a {type(net).__name__}, not an nn.Module")
         self.uses_channels_last = hp.channels_last and any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
         if self.uses_channels_last:
             net = net.to(memory_format=torch.channels_last)
@@ -111,11 +162,48 @@ class ImageClassifier(L.LightningModule):
         else:  # for the model summary and TensorBoard's graph (a compiled network cannot be traced)
             self.example_input_array = torch.zeros(1, *hp.image_shape, dtype=torch.uint8)
         self.net = net
-        # Buffers, so that the normalisation travels with the weights (and a loaded checkpoint's wins).
-        self.register_buffer("mean", torch.tensor(hp.mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("std", torch.tensor(hp.std, dtype=torch.float32).view(1, -1, 1, 1))
+        # Buffers, so that the normalisation travels with the weights (and a loaded checkpoint's wins); until the
+        # data module gives its statistics (take_from_data), none.
+        channels = hp.image_shape[0]
+        self.register_buffer("mean", torch.zeros(1, channels, 1, 1))
+        self.register_buffer("std", torch.ones(1, channels, 1, 1))
+        if hp.mean is not None and hp.std is not None:
+            self._set_normalisation()
         self.test_confusion = MulticlassConfusionMatrix(hp.num_classes, validate_args=False)
 
+    def _set_normalisation(self) -> None:
+        hp = self.hparams
+        if len(hp.mean) != hp.image_shape[0] or len(hp.std) != hp.image_shape[0] or min(hp.std) <= 0:
+            raise ModelError(f"mean {hp.mean} and std {hp.std} need one value per channel of {tuple(hp.image_shape)} "
+                             f"images, and std > 0")
+        self.mean.copy_(torch.tensor(hp.mean).view(1, -1, 1, 1))
+        self.std.copy_(torch.tensor(hp.std).view(1, -1, 1, 1))
+
+    def take_from_data(self, data) -> None:
+        """Take what was not given (image shape, classes, class names, mean, std) from the data module `data`, and
+        build the network if it is not built yet. The hyperparameters, and so hparams.yaml and TensorBoard's
+        HParams, then hold the values the model uses."""
+        hp = self.hparams
+        facts = {"image_shape": lambda: list(data.image_shape), "num_classes": lambda: len(data.classes),
+                 "class_names": lambda: list(data.classes), "mean": lambda: list(data.mean),
+                 "std": lambda: list(data.std)}
+        missing = []
+        for name, fact in facts.items():
+            if hp[name] is None:
+                try:
+                    hp[name] = fact()
+                except AttributeError:  # a data module of its own, without these attributes
+                    missing.append(name)
+        missing = [name for name in missing if name != "class_names"]  # numbers serve as names
+        if missing:
+            raise ModelError(f"the data module {type(data).__name__} does not say the images' "
+                             f"{', '.join(missing)}: give them to the model "
+                             f"({' '.join(f'--model.{name} ...' for name in missing)})")
+        if self.net is None:
+            self._build()
+            self.built_from_data = True
+        self._set_normalisation()
+        self.save_hyperparameters(dict(hp))  # what Lightning logs is the model's initial hyperparameters
     @property
     def class_names(self) -> list[str]:
         return list(self.hparams.class_names or map(str, range(self.hparams.num_classes)))
@@ -129,21 +217,13 @@ class ImageClassifier(L.LightningModule):
             self.check_data(data)
 
     def configure_model(self) -> None:
-        """Build the network, taking what the model does not know yet from the data module (Lightning calls this
-        hook before it configures the optimizers, and callbacks such as WeightAveraging call it earlier)."""
-        if self.net is not None:
+        """Build the network from the data module if it is not built yet (Lightning calls this hook before it
+        configures the optimizers, and callbacks such as WeightAveraging call it earlier)."""
+        if self.net is not None and self.hparams.mean is not None:
             return
-        data = self.trainer.datamodule
-        if data is None:
+        if self.trainer.datamodule is None:
             raise ModelError("ImageClassifier needs image_shape, num_classes, mean and std, or a data module")
-        hp = self.hparams
-        for name, value in (("image_shape", lambda: tuple(data.image_shape)),
-                            ("num_classes", lambda: len(data.classes)), ("class_names", lambda: list(data.classes)),
-                            ("mean", lambda: list(data.mean)), ("std", lambda: list(data.std))):
-            if hp[name] is None:
-                hp[name] = value()
-        self._build()
-        self.built_from_data = True
+        self.take_from_data(self.trainer.datamodule)
 
     def on_fit_start(self):
         # StochasticWeightAveraging copies the model in its setup, before configure_model (WeightAveraging, its
@@ -168,9 +248,9 @@ class ImageClassifier(L.LightningModule):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on the same 0..255 scale)."""
-        if self.net is None:
-            raise ModelError("the model has no network yet: give it image_shape, num_classes, mean and std, "
-                             "or fit it with a data module first")
+        if self.net is None or self.hparams.mean is None:
+            raise ModelError("the model has no network or normalisation yet: give it image_shape, num_classes, "
+                             "mean and std, or fit it with a data module first (or model.take_from_data(data))")
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
@@ -206,12 +286,46 @@ class ImageClassifier(L.LightningModule):
         self.train_sums = torch.zeros(2, device=self.device)
         self.train_steps = 0
 
+    def check_batch(self, images: torch.Tensor) -> None:
+        """A ModelError for a batch that is not uint8 images: floats may be normalised already, and would be
+        normalised again (a dtype, not a value: no wait for the device)."""
+        if images.is_floating_point():
+            dtype = str(images.dtype).removeprefix("torch.")
+            raise ModelError(f"ImageClassifier takes uint8 image batches (0..255) and normalises them itself; this "
+                             f"batch is {dtype} (ToTensor/Normalize?): give it uint8 images (torchvision's "
+                             f"transforms.v2.PILToTensor()), or a data module of datamodules/")
+
+    def training_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss the optimizer minimises: cross-entropy with label smoothing. `targets` are class indices (N,),
+        or class probabilities (N, classes) under mixup or cutmix. A subclass overrides it for another loss."""
+        return F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
+
+    def mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """torchvision's MixUp or CutMix of a batch (as floats on the 0..255 scale) and its labels as class
+        probabilities; the mixing weights a function of the seed and the step, so that a resumed run mixes as an
+        uninterrupted one does."""
+        from torchvision.transforms import v2
+
+        hp = self.hparams
+        mixes = [transform(alpha=alpha, num_classes=hp.num_classes)
+                 for alpha, transform in ((hp.mixup, v2.MixUp), (hp.cutmix, v2.CutMix)) if alpha > 0]
+        with torch.random.fork_rng(devices=[]):  # torchvision draws from the CPU's generator: no device sync
+            torch.manual_seed(mix_seed(torch.initial_seed(), self.global_step, self.global_rank))
+            return v2.RandomChoice(mixes)(images.float(), labels)
+
     def training_step(self, batch, batch_idx):
         images, labels = batch
+        self.check_batch(images)
+        targets = labels
+        if self.hparams.mixup or self.hparams.cutmix:
+            images, targets = self.mix(images, labels)
         logits = self(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        loss = self.training_loss(logits, targets)
+        predicted = logits.argmax(1)
+        # Mixed labels: a prediction counts by its class's share of the label.
+        correct = (predicted == targets) if targets.dim() == 1 else targets.gather(1, predicted[:, None])
         # Nothing here waits for the device: the sums are read once per epoch.
-        self.train_sums += torch.stack([loss.detach(), (logits.argmax(1) == labels).float().mean()])
+        self.train_sums += torch.stack([loss.detach(), correct.float().mean()])
         self.train_steps += 1
         return loss
 
@@ -246,7 +360,7 @@ class ImageClassifier(L.LightningModule):
         wrong = sorted(ours.keys() ^ weights.keys()) + [k for k in ours.keys() & weights.keys()
                                                        if ours[k].shape != weights[k].shape]
         if wrong:
-            raise ModelError(f"the checkpoint's weights do not fit this model ({self.hparams.arch} for "
+            raise ModelError(f"the checkpoint's weights do not fit this model ({self.net_name} for "
                              f"{self.hparams.num_classes} classes of {tuple(self.hparams.image_shape)} images): "
                              f"{', '.join(wrong[:4])} missing, unexpected or of another shape")
 
@@ -261,6 +375,7 @@ class ImageClassifier(L.LightningModule):
 
     def _evaluate(self, batch, stage: str) -> torch.Tensor:
         images, labels = batch
+        self.check_batch(images)
         logits = self(images)
         correct = (logits.argmax(1) == labels).float()
         loss, acc = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")

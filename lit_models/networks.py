@@ -1,74 +1,93 @@
-"""The two tutorials' networks, exactly as they define them, sized from the data they are given.
+"""The two tutorials' networks, with their widths and depth as arguments, sized from the data they are given.
 
-With the tutorials' own data the layer sizes are the tutorials': `TutorialCNN((3, 32, 32), 10)` is
-conv(3->6, k5) pool conv(6->16, k5) pool, fc 400->120->84->10; `TutorialMLP((1, 28, 28), 10)` is
-784->128->10. Other image shapes change only the input channels and the first fully connected layer.
+The defaults are the tutorials' exact layers: `TutorialCNN((3, 32, 32), 10)` is conv(3->6, k5) pool
+conv(6->16, k5) pool, fc 400->120->84->10; `TutorialMLP((1, 28, 28), 10)` is 784->128->10. Other image shapes
+change only the input channels and the first fully connected layer.
 
-A network is any `nn.Module` class whose constructor takes `(image_shape, num_classes)` and whose forward
-takes normalised float images (N, C, H, W). `--model.arch` names one in NETWORKS, or any such class by its
-import path (`--model.arch my_package.nets.ResNet`).
+A network is any `nn.Module` class whose constructor takes `(image_shape, num_classes)` first, then arguments of
+its own, and whose forward takes normalised float images (N, C, H, W). It is the model's `--model.net` part,
+as LightningCLI takes any class: `--model.net lit_models.TutorialMLP --model.net.hidden 256`, or in YAML
+`net: {class_path: my_package.nets.ResNet, init_args: {width: 64}}`; the image shape and classes come from the
+data module. NETWORKS holds the short names (`--model.net mlp`).
 """
 
 import importlib
+from collections import OrderedDict
+from typing import Union
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 
-class TutorialCNN(nn.Module):
-    """The CIFAR-10 tutorial's LeNet-style CNN (`--model.arch cnn`)."""
-
-    def __init__(self, image_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10):
-        super().__init__()
-        channels, height, width = image_shape
-        # Spatial size after conv5-pool2-conv5-pool2: 32 -> 28 -> 14 -> 10 -> 5 on CIFAR-10.
-        h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
-        if h < 1 or w < 1:
-            raise ValueError(f"the tutorial CNN needs images of at least 16x16 pixels, these are {height}x{width}")
-        self.conv1 = nn.Conv2d(channels, 6, 5)
-        self.pool = nn.MaxPool2d(2, 2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(16 * h * w, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(F.relu(self.conv1(x)))
-        x = self.pool(F.relu(self.conv2(x)))
-        x = torch.flatten(x, 1)  # not the tutorial's view(): flatten also takes channels_last activations
-        x = F.relu(self.fc1(x))
-        x = F.relu(self.fc2(x))
-        return self.fc3(x)
+def widths(value: Union[int, list[int]]) -> list[int]:
+    """One width or a list of them (one per layer), as a list of positive ints."""
+    values = [value] if isinstance(value, int) else list(value)
+    if not all(isinstance(v, int) and v > 0 for v in values):
+        raise ValueError(f"layer widths must be positive whole numbers, not {value}")
+    return values
 
 
-class TutorialMLP(nn.Module):
-    """The MNIST tutorial's MLP, input -> 128 -> classes with ReLU (`--model.arch mlp`)."""
+class TutorialCNN(nn.Sequential):
+    """The CIFAR-10 tutorial's LeNet-style CNN (`--model.net cnn`): conv5-ReLU-pool2 blocks, then ReLU layers.
 
-    def __init__(self, image_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10):
-        super().__init__()
-        channels, height, width = image_shape
-        self.fc1 = nn.Linear(channels * height * width, 128)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Linear(128, num_classes)
+    Args:
+        image_shape: (channels, height, width) of the input, from the data.
+        num_classes: outputs, from the data.
+        channels: output channels of each convolution block (their number is the depth); the tutorial's [6, 16].
+        hidden: widths of the fully connected hidden layers; the tutorial's [120, 84].
+    """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.relu(self.fc1(torch.flatten(x, 1))))
+    def __init__(self, image_shape: tuple[int, int, int], num_classes: int,
+                 channels: Union[int, list[int]] = [6, 16], hidden: Union[int, list[int]] = [120, 84]):
+        in_channels, height, width = image_shape
+        convs, fcs = widths(channels), widths(hidden)
+        if not convs:
+            raise ValueError("the CNN needs at least one convolution block (--model.net.channels)")
+        layers = []  # the tutorial's names: conv1, conv2, fc1, fc2, fc3, whatever the depth
+        for i, (a, b) in enumerate(zip([in_channels, *convs], convs)):  # 5x5 convolutions without padding
+            layers += [(f"conv{i + 1}", nn.Conv2d(a, b, 5)), (f"relu{i + 1}", nn.ReLU()),
+                       (f"pool{i + 1}", nn.MaxPool2d(2, 2))]
+            height, width = (height - 4) // 2, (width - 4) // 2
+        if height < 1 or width < 1:
+            raise ValueError(f"{len(convs)} conv5-pool2 blocks need larger images than {image_shape[1]}x"
+                             f"{image_shape[2]}: use fewer --model.net.channels")
+        # flatten, not the tutorial's view(): it also takes channels_last activations
+        layers.append(("flatten", nn.Flatten()))
+        sizes = [convs[-1] * height * width, *fcs, num_classes]
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers += [(f"fc{i + 1}", nn.Linear(a, b)), (f"fc_relu{i + 1}", nn.ReLU())]
+        super().__init__(OrderedDict(layers[:-1]))
+
+
+class TutorialMLP(nn.Sequential):
+    """The MNIST tutorial's MLP (`--model.net mlp`): input -> hidden ReLU layers -> classes.
+
+    Args:
+        image_shape: (channels, height, width) of the input, from the data.
+        num_classes: outputs, from the data.
+        hidden: the width of the hidden layer, or a list of widths, one per hidden layer; the tutorial's 128.
+    """
+
+    def __init__(self, image_shape: tuple[int, int, int], num_classes: int, hidden: Union[int, list[int]] = 128):
+        sizes = [image_shape[0] * image_shape[1] * image_shape[2], *widths(hidden), num_classes]
+        layers = [("flatten", nn.Flatten())]
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):  # the tutorial's names: fc1, relu, fc2
+            layers += [(f"fc{i + 1}", nn.Linear(a, b)), (f"relu{i + 1}", nn.ReLU())]
+        super().__init__(OrderedDict(layers[:-1]))
 
 
 NETWORKS: dict[str, type[nn.Module]] = {"cnn": TutorialCNN, "mlp": TutorialMLP}
 
 
-def network_class(arch: str) -> type[nn.Module]:
-    """The network class `arch` names: a key of NETWORKS, or an import path `package.module.Class`."""
-    if arch in NETWORKS:
-        return NETWORKS[arch]
-    module_name, _, class_name = arch.rpartition(".")
+def network_class(name: str) -> type[nn.Module]:
+    """The network class `name` names: a key of NETWORKS, or an import path `package.module.Class`."""
+    if name in NETWORKS:
+        return NETWORKS[name]
+    module_name, _, class_name = name.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
     except (ImportError, AttributeError):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ValueError(f"--model.arch {arch!r} is not a network: use one of {', '.join(NETWORKS)}, or the "
+        raise ValueError(f"--model.net {name!r} is not a network: use one of {', '.join(NETWORKS)}, or the "
                          f"import path of an nn.Module class taking (image_shape, num_classes)")
     return cls

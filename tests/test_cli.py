@@ -35,7 +35,8 @@ def test_a_run_fits_tests_and_writes_its_directory(trained):
     assert last_written.value == pytest.approx(record["val/acc_best"])
     assert max(logged["val/acc"]) == pytest.approx(record["val/acc_best"])
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["model"]["init_args"]["arch"] == "mlp" and config["trainer"]["max_epochs"] == 3
+    assert config["model"]["init_args"]["net"]["class_path"] == "lit_models.TutorialMLP"
+    assert config["trainer"]["max_epochs"] == 3
 
 
 @pytest.mark.slow
@@ -70,7 +71,7 @@ def test_overrides_and_recipes(mnist_dir, tmp_path, monkeypatch, capsys):
     assert printed["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.SGD"
     assert printed["model"]["init_args"]["scheduler"] is None and printed["model"]["init_args"]["lr"] == 0.003
     assert run_train(["--data.data_dir", str(mnist_dir), "--print_config"]) == 0  # no recipe: the CNN's
-    assert yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["arch"] == "cnn"
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]["class_path"] == "lit_models.TutorialCNN"
 
 
 @pytest.mark.parametrize("config, batch, epochs, optimizer, lr, mean", [
@@ -109,8 +110,11 @@ def test_help_and_usage_name_what_is_registered(capsys):
     assert all(name in usage for name in [*train.recipes(), *datamodules.DATA, *train.SUBCOMMANDS])
     assert all(name in out for name in ("--trainer.max_epochs", "--seed_everything", "--ckpt_path"))
     assert run_train(["--model.help", "ImageClassifier"], quiet=False) == 0
-    arch = capsys.readouterr().out.split("--model.arch ARCH")[-1]
-    assert "lit_models.networks.NETWORKS" in arch and "import path" in arch
+    net = " ".join(capsys.readouterr().out.split("--model.net NET")[-1].split())
+    assert "lit_models.networks.NETWORKS" in net and "import path" in net
+    assert run_train(["--model.net.help", "TutorialCNN"], quiet=False) == 0  # the network's own settings
+    widths = capsys.readouterr().out
+    assert all(f"--net.{name}" in widths for name in ("channels", "hidden")) and "[6, 16]" in widths
 
 
 @pytest.mark.slow
@@ -156,15 +160,12 @@ from torch import nn
 from datamodules import ImageDataModule
 
 
-class TinyNet(nn.Module):
-    """A network of one's own: any nn.Module taking (image_shape, num_classes)."""
+class TinyNet(nn.Sequential):
+    """A network of one's own: any nn.Module taking (image_shape, num_classes), then its own settings."""
 
-    def __init__(self, image_shape, num_classes):
-        super().__init__()
-        self.layer = nn.Linear(image_shape[0] * image_shape[1] * image_shape[2], num_classes)
-
-    def forward(self, x):
-        return self.layer(x.flatten(1))
+    def __init__(self, image_shape, num_classes, hidden: int = 4):
+        c, h, w = image_shape
+        super().__init__(nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
 
 
 class Stripes(ImageDataModule):
@@ -188,12 +189,13 @@ class Stripes(ImageDataModule):
 def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_path):
     (tmp_path / "mine.py").write_text(textwrap.dedent(EXTENSION))
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
-        "model": {"class_path": "lit_models.ImageClassifier", "init_args": {"arch": "mine.TinyNet", "lr": 0.05}},
+        "model": {"class_path": "lit_models.ImageClassifier",
+                  "init_args": {"net": {"class_path": "mine.TinyNet", "init_args": {"hidden": 16}}, "lr": 0.05}},
         "data": {"class_path": "mine.Stripes", "init_args": {"batch_size": 32}}, "trainer": {"max_epochs": 2}}))
     proc = run_process(["--config", "tiny.yaml"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = results(runs(tmp_path)[0])
-    assert record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "mine.TinyNet"
+    assert record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "TinyNet"
     assert set(record["test/acc_per_class"]) == {"horizontal", "vertical"}
     proc = run_process(["test", "--ckpt_path", "best"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
     assert proc.returncode == 0 and "test/acc 1.0000" in proc.stdout
@@ -211,7 +213,7 @@ def test_quick_recipes_train_on_every_image_and_test_the_last_weights(recipe, ar
     assert run_train(["--model", recipe, "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["data"]["init_args"]["val_size"] == 0 and printed["trainer"]["max_epochs"] == epochs
-    assert printed["model"]["init_args"]["arch"] == arch
+    assert printed["model"]["init_args"]["net"]["class_path"] == f"lit_models.Tutorial{arch.upper()}"
     assert not any("ModelCheckpoint" in c["class_path"] for c in printed["trainer"]["callbacks"])
 
 

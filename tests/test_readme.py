@@ -73,5 +73,6 @@ def test_the_from_python_block_runs_and_the_model_is_the_same_everywhere(tmp_pat
     images, labels = data.read("test")
     classified = (model.classify(images).argmax(1) == labels).float().mean().item()
     assert classified == pytest.approx(tested, abs=1e-6) and tested > 0.9
-    assert torch.load("mlp.ckpt", weights_only=True)["hyper_parameters"]["arch"] == "mlp"
+    net = torch.load("mlp.ckpt", weights_only=True)["hyper_parameters"]["net"]
+    assert net == {"class_path": "lit_models.networks.TutorialMLP", "init_args": {}}
     assert (tmp_path / "mlp.onnx").is_file() and namespace["probabilities"].shape == (8, 10)

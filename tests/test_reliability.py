@@ -112,7 +112,7 @@ def test_a_full_disk_stops_in_one_line_and_the_checkpoints_before_stay_whole(mni
 @pytest.mark.parametrize("args, phrase", [
     (["--data.batch_size", "0"], "--data.batch_size 0"),
     (["--trainer.max_epochs", "abc"], 'Parser key "trainer.max_epochs"'),
-    (["--model.arch", "no_such_network"], "--model.arch 'no_such_network' is not a network: use one of cnn, mlp"),
+    (["--model.net", "no_such_network"], "unknown --model.net 'no_such_network'; choose one of: cnn, mlp"),
     (["--data.val_size", "-1"], "val_size -1"),
     (["--model.scheduler.warmup", "1.5"], "warmup must be between 0 and 1"),
     (["--config", "nothing.yaml"], "nothing.yaml"),

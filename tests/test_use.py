@@ -130,7 +130,7 @@ def test_export_round_trips_without_the_project(fmt, in_run, tmp_path, capsys):
     ("truncated", 1, "cannot be read; it may be truncated"),
     ("not a checkpoint", 1, "not a checkpoint of an ImageClassifier"),
     ("a key deleted", 1, "weights do not fit this model (mlp for 10 classes of (1, 28, 28) images): net.fc2.bias"),
-    ("arch changed", 1, "missing, unexpected or of another shape"),
+    ("network changed", 1, "missing, unexpected or of another shape"),
 ])
 @pytest.mark.parametrize("command", ["test", "predict", "export"])
 def test_bad_checkpoints_fail_in_one_line(problem, code, message, command, in_run, tmp_path, capsys):
@@ -140,12 +140,12 @@ def test_bad_checkpoints_fail_in_one_line(problem, code, message, command, in_ru
         path.write_bytes(open(original, "rb").read()[:3000])
     elif problem == "not a checkpoint":
         torch.save({"something": torch.zeros(3)}, path)
-    elif problem in ("a key deleted", "arch changed"):
+    elif problem in ("a key deleted", "network changed"):
         checkpoint = torch.load(original, weights_only=True)
         if problem == "a key deleted":
             del checkpoint["state_dict"]["net.fc2.bias"]
         else:
-            checkpoint["hyper_parameters"]["arch"] = "cnn"
+            checkpoint["hyper_parameters"]["net"] = {"class_path": "lit_models.TutorialCNN", "init_args": {}}
             checkpoint["hyper_parameters"]["image_shape"] = [1, 32, 32]
         torch.save(checkpoint, path)
     assert run_train([command, "--ckpt_path", str(path)]) == code
