@@ -201,7 +201,6 @@ class ImageClassifier(L.LightningModule):
                              f"({' '.join(f'--model.{name} ...' for name in missing)})")
         if self.net is None:
             self._build()
-            self.built_from_data = True
         self._set_normalisation()
         self.save_hyperparameters(dict(hp))  # what Lightning logs is the model's initial hyperparameters
     @property
@@ -223,6 +222,7 @@ class ImageClassifier(L.LightningModule):
             return
         if self.trainer.datamodule is None:
             raise ModelError("ImageClassifier needs image_shape, num_classes, mean and std, or a data module")
+        self.built_from_data = self.net is None
         self.take_from_data(self.trainer.datamodule)
 
     def on_fit_start(self):
@@ -230,8 +230,8 @@ class ImageClassifier(L.LightningModule):
         # successor, calls configure_model first): its copy would have no network to average.
         if self.built_from_data and any(isinstance(c, StochasticWeightAveraging) for c in self.trainer.callbacks):
             raise ModelError("StochasticWeightAveraging copies the model before it is built from the data: give the "
-                             "model its image_shape, num_classes, mean and std (--model.image_shape ...), or average "
-                             "with EMA or WeightAveraging, which build it first")
+                             "model its image_shape and num_classes, or call model.take_from_data(data) before "
+                             "fitting (train.py does), or average with EMA or WeightAveraging, which build it first")
 
     def check_data(self, data) -> None:
         """A ModelError if `data`'s images or classes are not the ones this model was built for."""

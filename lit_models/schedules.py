@@ -14,15 +14,18 @@ class OneCycle(OneCycleLR):
     torch's OneCycleLR with `max_lr` taken from the optimizer, so that `--model.lr` is the one learning rate
     to set, and `total_steps` from the trainer (`trainer.estimated_stepping_batches`, filled in by
     ImageClassifier): warm up from lr/25 for `warmup` of the steps, then anneal (cosine) to ~0 by the last
-    step; with momentum optimizers, momentum cycles inversely (0.95 -> 0.85 -> 0.95).
+    step; with momentum optimizers, momentum cycles inversely (0.95 -> 0.85 -> 0.95) in place of the optimizer's
+    own, unless `cycle_momentum` is false.
 
     Args:
         optimizer: the optimizer whose learning rate it drives.
         total_steps: the run's optimizer steps; None (in a config): the trainer's, filled in by the model.
         warmup: the fraction of the steps spent warming up, in (0, 1).
+        cycle_momentum: cycle the momentum (or Adam's beta1) as above; false keeps the optimizer's.
     """
 
-    def __init__(self, optimizer: Optimizer, total_steps: Optional[int] = None, warmup: float = 0.25):
+    def __init__(self, optimizer: Optimizer, total_steps: Optional[int] = None, warmup: float = 0.25,
+                 cycle_momentum: bool = True):
         if total_steps is None:
             raise ModelError("OneCycle needs the run's number of optimizer steps (ImageClassifier gives it)")
         if not 0 < warmup < 1:
@@ -31,7 +34,7 @@ class OneCycle(OneCycleLR):
         # however short the run.
         pct_start = min(max(warmup, 1.5 / total_steps), 1 - 0.5 / total_steps)
         super().__init__(optimizer, max_lr=[group["lr"] for group in optimizer.param_groups],
-                         total_steps=total_steps, pct_start=pct_start)
+                         total_steps=total_steps, pct_start=pct_start, cycle_momentum=cycle_momentum)
 
     def load_state_dict(self, state_dict: dict) -> None:
         # torch would take the checkpoint's length and fail with "Tried to step N times" once past it.
