@@ -71,7 +71,8 @@ def test_overrides_and_recipes(mnist_dir, tmp_path, monkeypatch, capsys):
     assert printed["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.SGD"
     assert printed["model"]["init_args"]["scheduler"] is None and printed["model"]["init_args"]["lr"] == 0.003
     assert run_train(["--data.data_dir", str(mnist_dir), "--print_config"]) == 0  # no recipe: the CNN's
-    assert yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]["class_path"] == "lit_models.TutorialCNN"
+    net = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]
+    assert net["class_path"] == "lit_models.TutorialCNN"
 
 
 @pytest.mark.parametrize("config, batch, epochs, optimizer, lr, mean", [

@@ -2,7 +2,6 @@
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
