@@ -114,7 +114,7 @@ class TrainCLI(LightningCLI):
             parser.add_argument("--format", type=str, default="onnx", help="onnx, torchscript or pt2")
 
     def before_instantiate_classes(self) -> None:
-        check_optimizer(self.config.model.init_args, self.args)
+        check_parts(self.config.model.init_args, self.args)
         trainer = self.config.trainer
         if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
             self.save_config_callback = None
@@ -138,40 +138,44 @@ class TrainCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
-        # What the model needs from the data (shapes, classes, statistics) before anything looks at it: callbacks
-        # such as StochasticWeightAveraging copy the model when fitting starts, and Lightning logs its
-        # hyperparameters (hparams.yaml, TensorBoard's HParams) as they are then.
+        # The network, sized from the data, before anything looks at the model: callbacks such as
+        # StochasticWeightAveraging copy it when fitting starts. The statistics wait for the data to be downloaded
+        # (prepare_data); the model takes them in configure_model, before Lightning logs its hyperparameters.
         if isinstance(self.model, ImageClassifier):
-            self.model.take_from_data(self.datamodule)
+            self.model.take_from_data(self.datamodule, statistics=False)
 
 
-def check_optimizer(model: Namespace, args: list[str]) -> None:
-    """One learning rate: `--model.lr`, unless it is null. And an optimizer class given on the command line starts
-    from its own defaults, not from the settings the configuration before it gave to another class."""
+def class_defaults(class_path: str) -> dict:
+    parameters = inspect.signature(import_class(class_path)).parameters.items()
+    return {name: p.default for name, p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def check_parts(model: Namespace, args: list[str]) -> None:
+    """One learning rate: `--model.lr`, unless it is null. And a class given on the command line for a part of the
+    model (`--model.net`, `--model.optimizer`, `--model.scheduler`) starts from its own defaults, not from settings
+    that the configuration before it gave another class (jsonargparse keeps those the new class also takes)."""
     optimizer = model.get("optimizer")
-    if not isinstance(optimizer, Namespace) or "class_path" not in optimizer:
-        return
-    init = optimizer.get("init_args") or Namespace()
-    defaults = {name: p.default for name, p in inspect.signature(import_class(optimizer.class_path)).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    lr_given = option(args, "--model.optimizer.lr")[0] is not None or init.get("lr", defaults.get("lr")) != \
-        defaults.get("lr")
-    if model.get("lr") is not None and lr_given:
-        raise UsageError(f"--model.optimizer.lr {init.get('lr')}: the learning rate is --model.lr (the peak of "
-                         f"OneCycle, what the learning-rate finder sets): give --model.lr {init.get('lr')}, or "
-                         f"--model.lr null to use the optimizer's")
-    chosen, _ = option(args, "--model.optimizer")
-    if chosen is None or chosen.lstrip().startswith("{"):
-        return
-    reset = {key: defaults[key] for key in init.keys() if key in defaults and init[key] != defaults[key] and
-             option(args, f"--model.optimizer.{key}")[0] is None}
-    if reset:
-        for key, value in reset.items():
-            init[key] = value
-        first = sorted(reset)[0]
-        rank_zero_only(print)(f"--model.optimizer {chosen} starts from its own defaults: {', '.join(sorted(reset))} "
-                              f"of the configuration before it are reset (--model.optimizer.{first} ... sets one)",
-                              file=sys.stderr)
+    if isinstance(optimizer, Namespace) and "class_path" in optimizer:
+        given = (optimizer.get("init_args") or Namespace()).get("lr")
+        default = class_defaults(optimizer.class_path).get("lr")
+        if model.get("lr") is not None and (option(args, "--model.optimizer.lr")[0] is not None or given != default):
+            raise UsageError(f"--model.optimizer.lr {given}: the learning rate is --model.lr (the peak of OneCycle, "
+                             f"what the learning-rate finder sets): give --model.lr {given}, or --model.lr null to "
+                             f"use the optimizer's")
+    for part in ("net", "optimizer", "scheduler"):
+        chosen, spec = option(args, f"--model.{part}")[0], model.get(part)
+        if chosen is None or chosen.lstrip().startswith("{") or not isinstance(spec, Namespace) or \
+                not isinstance(spec.get("init_args"), Namespace):
+            continue
+        init, defaults = spec.init_args, class_defaults(spec.class_path)
+        reset = sorted(key for key in init.keys() if key in defaults and init[key] != defaults[key] and
+                       option(args, f"--model.{part}.{key}")[0] is None)
+        for key in reset:
+            init[key] = defaults[key]
+        if reset:
+            rank_zero_only(print)(f"--model.{part} {chosen} starts from its own defaults: {', '.join(reset)} of the "
+                                  f"configuration before it are reset (--model.{part}.{reset[0]} ... sets one)",
+                                  file=sys.stderr)
 
 
 def import_class(path: str) -> type:

@@ -76,7 +76,9 @@ class ImageClassifier(L.LightningModule):
     Args:
         net: the network, the LightningCLI way: a class (or a partial of one) taking (image_shape, num_classes)
             and arguments of its own (`--model.net lit_models.TutorialMLP --model.net.hidden 256`); a name in
-            lit_models.networks.NETWORKS or an import path; or `{class_path, init_args}`.
+            lit_models.networks.NETWORKS or an import path; or `{class_path, init_args}`; None: the tutorial CNN.
+            (None rather than a class as the default: jsonargparse would carry the default class's settings over
+            to the class a recipe names.)
         image_shape: (channels, height, width) of the images; None: the data module's.
         num_classes: number of classes; None: the data module's.
         class_names: names of the classes; None: the data module's.
@@ -100,7 +102,7 @@ class ImageClassifier(L.LightningModule):
 
     def __init__(
         self,
-        net: NetworkCallable = TutorialCNN,
+        net: Optional[NetworkCallable] = None,
         image_shape: Optional[tuple[int, int, int]] = None,
         num_classes: Optional[int] = None,
         class_names: Optional[list[str]] = None,
@@ -122,6 +124,7 @@ class ImageClassifier(L.LightningModule):
         if not 0 <= label_smoothing <= 1 or min(mixup, cutmix) < 0:
             raise ModelError(f"--model.label_smoothing {label_smoothing} must be in [0, 1], --model.mixup {mixup} "
                              f"and --model.cutmix {cutmix} at least 0")
+        net = TutorialCNN if net is None else net
         self.net_factory, self.optimizer_factory, self.scheduler_factory = map(as_factory, (net, optimizer, scheduler))
         # Hyperparameters are data: the parts as {class_path, init_args}, so that a checkpoint loads with torch's
         # weights_only=True and rebuilds the same network, optimizer and schedule (LightningCLI records its own
@@ -179,14 +182,15 @@ class ImageClassifier(L.LightningModule):
         self.mean.copy_(torch.tensor(hp.mean).view(1, -1, 1, 1))
         self.std.copy_(torch.tensor(hp.std).view(1, -1, 1, 1))
 
-    def take_from_data(self, data) -> None:
-        """Take what was not given (image shape, classes, class names, mean, std) from the data module `data`, and
-        build the network if it is not built yet. The hyperparameters, and so hparams.yaml and TensorBoard's
-        HParams, then hold the values the model uses."""
+    def take_from_data(self, data, statistics: bool = True) -> None:
+        """Take what was not given (image shape, classes, class names; with `statistics`, the training images' mean
+        and std, which reads them) from the data module `data`, and build the network if it is not built yet. The
+        hyperparameters, and so hparams.yaml and TensorBoard's HParams, then hold the values the model uses."""
         hp = self.hparams
         facts = {"image_shape": lambda: list(data.image_shape), "num_classes": lambda: len(data.classes),
-                 "class_names": lambda: list(data.classes), "mean": lambda: list(data.mean),
-                 "std": lambda: list(data.std)}
+                 "class_names": lambda: list(data.classes)}
+        if statistics:
+            facts.update(mean=lambda: list(data.mean), std=lambda: list(data.std))
         missing = []
         for name, fact in facts.items():
             if hp[name] is None:
@@ -201,8 +205,10 @@ class ImageClassifier(L.LightningModule):
                              f"({' '.join(f'--model.{name} ...' for name in missing)})")
         if self.net is None:
             self._build()
-        self._set_normalisation()
+        if hp.mean is not None and hp.std is not None:
+            self._set_normalisation()
         self.save_hyperparameters(dict(hp))  # what Lightning logs is the model's initial hyperparameters
+
     @property
     def class_names(self) -> list[str]:
         return list(self.hparams.class_names or map(str, range(self.hparams.num_classes)))
@@ -216,8 +222,9 @@ class ImageClassifier(L.LightningModule):
             self.check_data(data)
 
     def configure_model(self) -> None:
-        """Build the network from the data module if it is not built yet (Lightning calls this hook before it
-        configures the optimizers, and callbacks such as WeightAveraging call it earlier)."""
+        """Take what the model lacks from the data module: the network if it is not built yet, and the statistics
+        (Lightning calls this hook after prepare_data and setup, before it logs the hyperparameters and configures
+        the optimizers; callbacks such as WeightAveraging call it earlier)."""
         if self.net is not None and self.hparams.mean is not None:
             return
         if self.trainer.datamodule is None:

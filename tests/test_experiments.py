@@ -10,6 +10,7 @@ from conftest import ROOT, SWEEP, run_process, run_train, runs, write_mnist
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch.utils.data import DataLoader, TensorDataset
 
+import train
 from datamodules import MNISTDataModule
 from lit_models import ImageClassifier, ModelError, OneCycle
 
@@ -64,6 +65,19 @@ def test_the_defaults_are_the_tutorials_layers():
         (6, 3, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 400), (120,), (84, 120), (84,), (10, 84), (10,)]
     mlp = ImageClassifier("mlp", image_shape=(1, 28, 28), num_classes=10, mean=[0.5], std=[0.5])
     assert [tuple(p.shape) for p in mlp.net.parameters()] == [(128, 784), (128,), (10, 128), (10,)]
+
+
+def test_the_recipes_networks_are_the_tutorials_and_a_new_class_starts_from_its_defaults(tmp_path, capsys):
+    for recipe, settings in (("mlp", {"hidden": 128}), ("cnn", {"channels": [6, 16], "hidden": [120, 84]})):
+        assert run_train(["--model", recipe, "--print_config"]) == 0
+        assert yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]["init_args"] == settings
+    mine = tmp_path / "mine.yaml"  # a configuration that gave the CNN a width the MLP also takes
+    mine.write_text(yaml.safe_dump({"model": {"init_args": {"net": {"class_path": "lit_models.TutorialCNN",
+                                                                    "init_args": {"hidden": [50]}}}}}))
+    cli = train.TrainCLI(train.expand(["--model", "cnn", "--config", str(mine), "--model.net", "mlp",
+                                       "--trainer.logger", "false", "--data.data_dir", str(tmp_path / "none")]))
+    assert cli.config.model.init_args.net.init_args.hidden == 128  # not the CNN's [50]
+    assert "--model.net lit_models.networks.TutorialMLP starts from its own defaults: hidden" in capsys.readouterr().err
 
 
 def test_a_network_that_cannot_be_built_says_so_in_one_line(mnist, tmp_path, monkeypatch, capsys):
