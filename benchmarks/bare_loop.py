@@ -28,7 +28,7 @@ def main() -> None:
     data.prepare_data()
     data.setup("fit")
     data.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in data.splits.items()}
-    hp = {k: v for k, v in recipe.hparams.items() if not k.startswith("_")}
+    hp = {k: v for k, v in recipe.hparams.items() if not k.startswith("_") and k not in ("optimizer", "scheduler")}
     hp.update(image_shape=data.image_shape, num_classes=len(data.classes), mean=hp["mean"] or data.mean,
               std=hp["std"] or data.std)
     model = type(recipe)(**hp, optimizer=recipe.optimizer_factory, scheduler=recipe.scheduler_factory).to(device)
