@@ -272,3 +272,19 @@ def test_the_readmes_network_and_loss_of_ones_own_train_from_the_command_line(mn
     assert shapes(run)["net.1.weight"] == (24, 784)
     config = yaml.safe_load((run / "config.yaml").read_text())["model"]
     assert config["class_path"] == "my_losses.Focal" and config["init_args"]["lr"] == 0.01
+
+
+def test_a_partial_network_from_python_is_kept_in_the_checkpoint(mnist, tmp_path):
+    from functools import partial
+
+    from lit_models import TutorialMLP
+
+    model = ImageClassifier(partial(TutorialMLP, hidden=32), optimizer=partial(torch.optim.SGD, momentum=0.5))
+    trainer = L.Trainer(max_steps=1, **QUIET)
+    trainer.fit(model, datamodule=MNISTDataModule(str(mnist), batch_size=64))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    hparams = torch.load(tmp_path / "m.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams["net"] == {"class_path": "lit_models.networks.TutorialMLP", "init_args": {"hidden": 32}}
+    loaded = ImageClassifier.load_from_checkpoint(tmp_path / "m.ckpt")
+    assert loaded.net.fc1.out_features == 32
+    assert loaded.configure_optimizers().defaults["momentum"] == 0.5
