@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 from jsonargparse.typing import register_type
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -49,6 +49,8 @@ DEFAULT_CALLBACKS = [  # a Trainer default, so --trainer.callbacks+=X adds to it
     {"class_path": "lit_models.LastCheckpoint"},
     {"class_path": "lit_models.TrainingSpeed"},
     {"class_path": "lit_models.TimedProgressBar"},
+    {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+    {"class_path": "lit_models.Dashboards"},
 ]
 
 
@@ -115,10 +117,14 @@ class TrainCLI(LightningCLI):
         trainer = self.config.trainer
         if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
             self.save_config_callback = None
-        kept = []
-        for callback in trainer.callbacks or []:
+        kept, callbacks = [], trainer.callbacks or []
+        for i, callback in enumerate(callbacks):
             cls = import_class(callback.class_path)
             if issubclass(cls, ModelCheckpoint) and trainer.enable_checkpointing is False:
+                continue
+            # Without a logger there is nothing to monitor into (Lightning refuses it); a later one is the user's.
+            if cls is LearningRateMonitor and (trainer.logger is False or any(
+                    issubclass(import_class(c.class_path), LearningRateMonitor) for c in callbacks[i + 1:])):
                 continue
             others = [c for c in trainer.callbacks if c is not callback]
             if cls is TimedProgressBar and (trainer.enable_progress_bar is False or
