@@ -221,9 +221,10 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
         base = [f"--data={json.dumps({'class_path': data['_class_path'], 'init_args': init})}"] if data else []
     rank_zero_only(print)(f"Using {path} ({model['init_args']['arch']}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
-    # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders):
-    # `--trainer.callbacks+=X` adds one of the user's.
-    use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto", "--trainer.callbacks=[]"]
+    # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders),
+    # only its dashboards: `--trainer.callbacks+=X` adds one of the user's.
+    use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
+           '--trainer.callbacks=[{"class_path": "lit_models.Dashboards"}]']
     return path, contents, expand(base + use + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
         ["--ckpt_path", str(path)]
 
