@@ -76,7 +76,8 @@ class Dashboards(L.Callback):
         if wanted <= 0 or not trainer.is_global_zero or not image_loggers(trainer):
             return
         images, labels = batch[0][:wanted], batch[1][:wanted]
-        with torch.no_grad():  # the weights of this test step (averaged ones too, under EMA)
+        # The weights (averaged ones too, under EMA) and precision of this test step.
+        with torch.no_grad(), trainer.precision_plugin.forward_context():
             predicted = pl_module(images).argmax(1)
         self.shown.append((images.cpu(), labels.cpu(), predicted.cpu()))
 
