@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from jsonargparse import Namespace
 from jsonargparse.typing import register_type
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -51,6 +51,8 @@ DEFAULT_CALLBACKS = [  # a Trainer default, so --trainer.callbacks+=X adds to it
     {"class_path": "lit_models.LastCheckpoint"},
     {"class_path": "lit_models.TrainingSpeed"},
     {"class_path": "lit_models.TimedProgressBar"},
+    {"class_path": "lightning.pytorch.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+    {"class_path": "lit_models.Dashboards"},
 ]
 
 
@@ -118,10 +120,14 @@ class TrainCLI(LightningCLI):
         trainer = self.config.trainer
         if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
             self.save_config_callback = None
-        kept = []
-        for callback in trainer.callbacks or []:
+        kept, callbacks = [], trainer.callbacks or []
+        for i, callback in enumerate(callbacks):
             cls = import_class(callback.class_path)
             if issubclass(cls, ModelCheckpoint) and trainer.enable_checkpointing is False:
+                continue
+            # Without a logger there is nothing to monitor into (Lightning refuses it); a later one is the user's.
+            if cls is LearningRateMonitor and (trainer.logger is False or any(
+                    issubclass(import_class(c.class_path), LearningRateMonitor) for c in callbacks[i + 1:])):
                 continue
             others = [c for c in trainer.callbacks if c is not callback]
             if cls is TimedProgressBar and (trainer.enable_progress_bar is False or
@@ -264,9 +270,10 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
     net = model["init_args"]["net"]["class_path"].rpartition(".")[2]
     rank_zero_only(print)(f"Using {path} ({net}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
-    # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders):
-    # `--trainer.callbacks+=X` adds one of the user's.
-    use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto", "--trainer.callbacks=[]"]
+    # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders),
+    # only its dashboards: `--trainer.callbacks+=X` adds one of the user's.
+    use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
+           '--trainer.callbacks=[{"class_path": "lit_models.Dashboards"}]']
     return path, contents, expand(base + use + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
         ["--ckpt_path", str(path)]
 

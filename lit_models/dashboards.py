@@ -1,0 +1,232 @@
+"""What TensorBoard shows of a run beyond its scalars: test images and confusions, train against val, HParams."""
+
+from argparse import Namespace
+from collections.abc import Mapping
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
+from PIL import Image, ImageDraw, ImageFont
+from torch.utils.tensorboard.summary import hparams
+
+from lit_models.classifier import ImageClassifier
+
+# Tags are regular expressions in a Custom Scalars layout: anchored, so that val/acc does not take val/acc_best.
+LAYOUT = {"train vs val": {"loss": ["Multiline", ["^train/loss$", "^val/loss$"]],
+                           "accuracy": ["Multiline", ["^train/acc$", "^val/acc$"]]}}
+TILE, LINE, PAD = 96, 14, 4  # a test image is enlarged to about TILE pixels, with two lines of LINE under it
+GREEN, RED, GREY = (0, 120, 0), (200, 0, 0), (90, 90, 90)
+
+
+class Dashboards(L.Callback):
+    """TensorBoard's Images, Custom Scalars and HParams tabs for a run (`--trainer.callbacks+=Dashboards`, one of
+    train.py's default callbacks).
+
+    - At test: `test/predictions`, a grid of the first test images with their true class (grey) and the predicted
+      one (green, or red in a red frame for a mistake), and `test/confusion_matrix` (rows: true classes, columns:
+      predicted; shaded by the share of the row), as images at the step the model was trained to. MLflow takes
+      them as artifacts `test/*.png`; other loggers skip them.
+    - At the start of a run: a Custom Scalars layout with train and val loss on one chart, accuracy on another;
+      and the HParams tab's row of the run: the model's, data module's, optimizer's and schedule's settings as
+      flat columns (`model/lr`, `data/batch_size`, `optimizer/weight_decay`, a class path by its class name),
+      compared by `metrics`. Lightning's own hyperparameter summary (`enable_autolog_hparams`) comes after this
+      one, and TensorBoard keeps the first of a run.
+
+    Nothing runs in a training step; at test, one forward pass of the images shown, and one drawing.
+
+    Args:
+        images: how many test images `test/predictions` shows (0: none).
+        metrics: the scalars the HParams tab compares runs by.
+    """
+
+    def __init__(self, images: int = 32, metrics: tuple[str, ...] = ("val/acc_best", "test/acc")):
+        self.images, self.metrics = images, list(metrics)
+        self.started: set[str] = set()  # the TensorBoard runs whose layout and settings are written
+        self.shown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    # --- the start of a run: before Lightning logs its hyperparameters (at fit, the optimizers exist then) -------
+
+    def setup(self, trainer, pl_module, stage):
+        if stage in ("validate", "test"):
+            self.start(trainer, pl_module)
+
+    def on_fit_start(self, trainer, pl_module):
+        self.start(trainer, pl_module)
+
+    def start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
+                self.started.add(logger.log_dir)
+                writer = logger.experiment
+                writer.add_custom_scalars(LAYOUT)
+                if trainer.enable_autolog_hparams:
+                    for summary in hparams(settings(trainer, pl_module), dict.fromkeys(self.metrics, 0.0)):
+                        writer.file_writer.add_summary(summary)
+
+    # --- test --------------------------------------------------------------------------------------------------
+
+    def on_test_epoch_start(self, trainer, pl_module):
+        self.shown = []
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        wanted = self.images - sum(len(labels) for _, labels, _ in self.shown)
+        if wanted <= 0 or not trainer.is_global_zero or not image_loggers(trainer):
+            return
+        images, labels = batch[0][:wanted], batch[1][:wanted]
+        # The weights (averaged ones too, under EMA) and precision of this test step.
+        with torch.no_grad(), trainer.precision_plugin.forward_context():
+            predicted = pl_module(images).argmax(1)
+        self.shown.append((images.cpu(), labels.cpu(), predicted.cpu()))
+
+    def on_test_epoch_end(self, trainer, pl_module):
+        loggers = image_loggers(trainer)
+        # Before the model's own hook resets it; on every process, which a synced compute needs.
+        confusion = pl_module.test_confusion.compute() if loggers and isinstance(pl_module, ImageClassifier) else None
+        if not trainer.is_global_zero or not loggers:
+            return
+        names = pl_module.class_names if isinstance(pl_module, ImageClassifier) else None
+        figures = {}
+        if self.shown:
+            images, labels, predicted = (torch.cat(parts) for parts in zip(*self.shown))
+            names = names or [str(k) for k in range(int(max(labels.max(), predicted.max())) + 1)]
+            figures["test/predictions"] = prediction_grid(images, labels, predicted, names)
+        if confusion is not None:
+            figures["test/confusion_matrix"] = confusion_image(confusion.cpu(), names)
+        for tag, figure in figures.items():
+            for logger in loggers:
+                log_image(logger, tag, figure, trainer.global_step)
+        self.shown = []
+
+
+def image_loggers(trainer) -> list:
+    return [logger for logger in trainer.loggers if isinstance(logger, (TensorBoardLogger, MLFlowLogger))]
+
+
+def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
+    if isinstance(logger, TensorBoardLogger):
+        logger.experiment.add_image(tag, np.asarray(image), step, dataformats="HWC")
+    else:
+        logger.experiment.log_image(logger.run_id, image, artifact_file=f"{tag}.png")
+
+
+# --- the HParams tab's columns ---------------------------------------------------------------------------------
+
+def settings(trainer, pl_module) -> dict[str, str | int | float]:
+    """The run's settings as HParams columns: the model's and data module's hyperparameters as they were given
+    (`model/...`, `data/...`), the optimizers' classes and numeric settings, the schedules' classes, the epochs."""
+    columns = flatten(pl_module.hparams_initial, "model/")
+    if trainer.datamodule is not None:
+        columns["data"] = type(trainer.datamodule).__name__
+        columns |= flatten(trainer.datamodule.hparams_initial, "data/")
+    for i, optimizer in enumerate(trainer.optimizers):
+        name = "optimizer" if i == 0 else f"optimizer_{i}"
+        columns[name] = type(optimizer).__name__
+        # Its flags (foreach, fused, maximize, ...) say how it runs, not what it does.
+        columns |= flatten({k: v for k, v in optimizer.defaults.items() if not isinstance(v, bool)}, f"{name}/")
+    for i, config in enumerate(trainer.lr_scheduler_configs):
+        columns["scheduler" if i == 0 else f"scheduler_{i}"] = type(config.scheduler).__name__
+    columns |= flatten({"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}, "trainer/")
+    return columns
+
+
+def flatten(params: Mapping, prefix: str = "") -> dict[str, str | int | float]:
+    """Nested settings as flat columns ("model/net/hidden"): a `class_path`/`init_args` part as its class name and
+    its arguments; numbers and strings as they are, booleans as true/false, short lists joined. Left out: private
+    keys (LightningCLI's `_instantiator`, `_class_path`), None and -1 (not set), long lists (class names)."""
+    columns = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Namespace):
+            value = vars(value)
+        if str(key).startswith("_") or value is None or (isinstance(value, (int, float)) and value == -1):
+            continue
+        if isinstance(value, Mapping):
+            if "class_path" in value:
+                columns[name] = str(value["class_path"]).rsplit(".", 1)[-1]
+                value = value.get("init_args") or {}
+            columns |= flatten(value, f"{name}/")
+        elif isinstance(value, bool):
+            columns[name] = str(value).lower()
+        elif isinstance(value, (int, float, str)):
+            columns[name] = value
+        elif isinstance(value, type):
+            columns[name] = value.__name__
+        elif isinstance(value, torch.nn.Module):
+            columns[name] = type(value).__name__
+        elif isinstance(value, (list, tuple)) and len(value) <= 4 and all(isinstance(v, (int, float, str))
+                                                                           for v in value):
+            columns[name] = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+    return columns
+
+
+# --- drawing ---------------------------------------------------------------------------------------------------
+
+def font() -> ImageFont.ImageFont:
+    return ImageFont.load_default(size=LINE - 2)
+
+
+def fit_text(draw: ImageDraw.ImageDraw, text: str, width: int) -> str:
+    while text and draw.textlength(text, font=font()) > width:
+        text = text[:-1]
+    return text
+
+
+def prediction_grid(images: torch.Tensor, labels: torch.Tensor, predicted: torch.Tensor, names: list[str],
+                    columns: int = 8) -> Image.Image:
+    """uint8 images (N, C, H, W) in a grid of `columns`, each enlarged by a whole factor to about TILE pixels (at
+    least TILE wide), its true class under it and the predicted one (green, or red and framed in red: a mistake)."""
+    n, channels, height, width = images.shape
+    scale = max(1, TILE // max(height, width))
+    cell_w, cell_h = max(TILE, width * scale) + 2 * PAD, height * scale + 2 * LINE + 3 * PAD
+    rows = -(-n // columns)
+    grid = Image.new("RGB", (min(n, columns) * cell_w, rows * cell_h), "white")
+    draw = ImageDraw.Draw(grid)
+    pixels = images.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+    pixels = pixels.expand(-1, -1, -1, 3) if channels == 1 else pixels[..., :3]
+    for i in range(n):
+        x, y = (i % columns) * cell_w, (i // columns) * cell_h
+        tile = Image.fromarray(np.ascontiguousarray(pixels[i].numpy()))
+        tile = tile.resize((width * scale, height * scale), Image.NEAREST)
+        left = x + (cell_w - tile.width) // 2
+        grid.paste(tile, (left, y + PAD))
+        wrong = bool(labels[i] != predicted[i])
+        if wrong:
+            draw.rectangle((left - 2, y + PAD - 2, left + tile.width + 1, y + PAD + tile.height + 1), outline=RED,
+                           width=2)
+        captions = ((names[labels[i]], GREY), (names[predicted[i]], RED if wrong else GREEN))
+        for line, (text, colour) in enumerate(captions):
+            draw.text((x + PAD, y + 2 * PAD + tile.height + line * LINE), fit_text(draw, text, cell_w - 2 * PAD),
+                      fill=colour, font=font())
+    return grid
+
+
+def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -> Image.Image:
+    """A (K, K) confusion matrix of counts (rows: true, columns: predicted) as a heat map with the counts and the
+    class names: each cell shaded by its share of the row, so that a class's recall is its diagonal's shade."""
+    k = len(confusion)
+    cell = max(12, min(cell, 640 // k))
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    margin = int(max(draw.textlength(name, font=font()) for name in names)) + 3 * PAD + LINE
+    image = Image.new("RGB", (margin + k * cell + PAD, margin + k * cell + PAD), "white")
+    draw = ImageDraw.Draw(image)
+    share = (confusion / confusion.sum(1, keepdim=True).clamp(min=1)).numpy()
+    for r in range(k):
+        for c in range(k):
+            shade = tuple(int(255 + (t - 255) * share[r, c]) for t in (31, 91, 180))
+            box = (margin + c * cell, margin + r * cell, margin + (c + 1) * cell - 1, margin + (r + 1) * cell - 1)
+            draw.rectangle(box, fill=shade)
+            if cell >= 24:
+                draw.text((box[0] + cell // 2, box[1] + cell // 2), str(int(confusion[r, c])), anchor="mm",
+                          fill="white" if share[r, c] > 0.5 else "black", font=font())
+        draw.text((margin - PAD, margin + r * cell + cell // 2), names[r], anchor="rm", fill="black", font=font())
+    # Column names read upwards: drawn in a strip that is then turned a quarter to the left.
+    strip = Image.new("RGB", (margin - LINE, k * cell), "white")
+    strip_draw = ImageDraw.Draw(strip)
+    for c in range(k):
+        strip_draw.text((PAD, c * cell + cell // 2), names[c], anchor="lm", fill="black", font=font())
+    image.paste(strip.rotate(90, expand=True), (margin, LINE))
+    draw.text((PAD, PAD), "true \\ predicted", fill=GREY, font=font())
+    return image
