@@ -8,8 +8,10 @@ Every option that is not the sweep's own is train.py's. A trial trains that comm
 (`--seeds N`: once per seed, its value the mean val/acc_best) and reports each epoch's val/acc to Optuna's median
 pruner. The study lives in an Optuna storage (SQLite in lightning_logs/sweeps/NAME/study.db by default, or any
 RDB URL shared by several machines), so the same command again goes on where it stopped, `optuna-dashboard` and
-the `optuna` command read it, and `--parallel N` runs N processes on it. Each trial's runs, summary.csv and
-best.yaml (the best trial's config.yaml: `python train.py --config best.yaml` trains it again) are written beside.
+the `optuna` command read it, and `--parallel N` runs N processes on it. A trial whose process died (kill -9, a
+lost machine) falls silent: after three `--heartbeat` intervals another process fails it and runs it again. Each
+trial's runs, summary.csv and best.yaml (the best trial's config.yaml: `python train.py --config best.yaml` trains
+it again) are written beside, on the machine that runs the command.
 """
 
 import argparse
@@ -20,9 +22,13 @@ import multiprocessing
 import shlex
 import signal
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import optuna
+import pandas
+import sqlalchemy
 import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
@@ -41,7 +47,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The sweep's own options, and the rest: train.py's."""
     parser = argparse.ArgumentParser(prog="sweep.py", allow_abbrev=False, description=__doc__.split("\n")[0],
                                      usage="sweep.py [--space FILE | --grid KEY=V1,V2 ...] [--trials N] [--seeds N] "
-                                           "[--parallel N] [--name NAME] [--storage URL] [train.py options]")
+                                           "[--parallel N] [--name NAME] [--storage URL] [--heartbeat S] "
+                                           "[train.py options]")
     parser.add_argument("--space", help="a YAML file of train.py options to sample: {low, high[, log, step]} or a list")
     parser.add_argument("--grid", action="append", default=[], help="KEY=V1,V2,...: every combination (repeatable)")
     parser.add_argument("--trials", type=int, default=20, help="settings to sample with --space (default 20)")
@@ -49,11 +56,14 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--parallel", type=int, default=1, help="processes running trials at once")
     parser.add_argument("--name", help="the study's name (default: from the command)")
     parser.add_argument("--storage", help="an Optuna RDB URL (default: sqlite:///lightning_logs/sweeps/NAME/study.db)")
+    parser.add_argument("--heartbeat", type=int, default=20,
+                        help="seconds between a running trial's heartbeats; a trial silent for three of them is "
+                             "failed and run again (default 20)")
     opts, rest = parser.parse_known_args(argv)
     if opts.space and opts.grid:
         parser.error("give --space or --grid, not both")
-    if min(opts.trials, opts.seeds, opts.parallel) < 1:
-        parser.error("--trials, --seeds and --parallel must be at least 1")
+    if min(opts.trials, opts.seeds, opts.parallel, opts.heartbeat) < 1:
+        parser.error("--trials, --seeds, --parallel and --heartbeat must be at least 1")
     return opts, rest
 
 
@@ -135,20 +145,23 @@ class Objective:
             values.append(record["val/acc_best"] if record["val/acc_best"] is not None else record["test/acc"])
             trial.set_user_attr(f"test_acc_seed_{seed}", record["test/acc"])
             trial.set_user_attr(f"log_dir_seed_{seed}", record["log_dir"])
+            if i == 0:  # in the study, for best.yaml on every machine: the run's folder is on this one
+                trial.set_user_attr("config", yaml.safe_load(Path(record["log_dir"], "config.yaml").read_text()))
             print(f"trial {trial.number} ({', '.join(f'{k}={v}' for k, v in params.items()) or 'as given'}, seed "
                   f"{seed}): val/acc_best {values[-1]:.4f} in {record['fit_seconds']:.1f} s", flush=True)
         return sum(values) / len(values)
 
 
-def open_study(name: str, url: str, space: dict, grid: bool, seed: int) -> optuna.Study:
+def open_study(name: str, store: RDBStorage, space: dict, grid: bool, seed: int) -> optuna.Study:
     """The study (made if new), with this process's sampler and pruner: Optuna keeps neither in the storage."""
     sampler = optuna.samplers.GridSampler(space, seed=seed) if grid else optuna.samplers.TPESampler(seed=seed)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=2) if space and not grid else None
-    return optuna.create_study(study_name=name, storage=storage(url), direction="maximize", sampler=sampler,
+    return optuna.create_study(study_name=name, storage=store, direction="maximize", sampler=sampler,
                                pruner=pruner, load_if_exists=True)
 
 
-def work(name: str, url: str, objective: Objective, trials: int, threads: int | None, worker: int = 0) -> int:
+def work(name: str, store: RDBStorage, objective: Objective, trials: int, threads: int | None,
+         worker: int = 0) -> int:
     """One process's share: trials until the study has `trials` complete or pruned ones (or the grid is done);
     the exit code of a signal that stopped it, else 0."""
     if threads:
@@ -159,19 +172,30 @@ def work(name: str, url: str, objective: Objective, trials: int, threads: int | 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # TPE: each process its own seed, or they would all sample the same settings. A grid: the same seed everywhere,
     # which orders the grid, so that trial number N is setting N in every process.
-    study = open_study(name, url, objective.space, objective.grid, objective.seeds[0] + worker * (not objective.grid))
+    seed = objective.seeds[0] + worker * (not objective.grid)
+    study = open_study(name, store, objective.space, objective.grid, seed)
     try:
         # One trial per optimize() call, and only while there is work left: several processes on one study
-        # neither run more trials than asked nor (with a grid) a setting twice.
-        while work_left(study, objective, trials):
-            study.optimize(objective, n_trials=1, catch=(Exception,))
+        # neither run more trials than asked nor (with a grid) a setting twice. Another process's running trial
+        # is waited for: it ends, or its heartbeat stops and it comes back as a waiting retry to run here.
+        while True:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # used knowingly
+                optuna.storages.fail_stale_trials(study)
+            if work_left(study, objective, trials):
+                study.optimize(objective, n_trials=1, catch=(Exception,))
+            elif study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                time.sleep(store.get_heartbeat_interval())
+            else:
+                break
     except KeyboardInterrupt:
         return objective.stopped or 130
     return 0
 
 
 def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
-    """A trial waiting (one to run again), a grid setting without a trial, or fewer finished trials than asked."""
+    """A trial waiting (one to run again), a grid setting without a trial, or fewer finished or running trials than
+    asked."""
     existing = study.get_trials(deepcopy=False)
     if any(t.state == TrialState.WAITING for t in existing):
         return True
@@ -179,15 +203,15 @@ def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
         tried = [t.params for t in existing]
         points = itertools.product(*objective.space.values())
         return any(dict(zip(objective.space, point)) not in tried for point in points)
-    return sum(t.state in DONE for t in existing) < trials
+    return sum(t.state in (*DONE, TrialState.RUNNING) for t in existing) < trials
 
 
-def run_workers(name: str, url: str, objective: Objective, trials: int, parallel: int, threads: int) -> int:
+def run_workers(name: str, store: RDBStorage, objective: Objective, trials: int, parallel: int, threads: int) -> int:
     """`parallel` processes running trials (this one, for 1); the exit code."""
     if parallel == 1:
-        return work(name, url, objective, trials, threads)
+        return work(name, store, objective, trials, threads)
     context = multiprocessing.get_context("spawn")  # not fork: a fresh interpreter per worker, whatever this one holds
-    workers = [context.Process(target=worker_main, args=(name, url, objective, trials, threads, i))
+    workers = [context.Process(target=worker_main, args=(name, store, objective, trials, threads, i))
                for i in range(parallel)]
     for w in workers:
         w.start()
@@ -209,10 +233,24 @@ def worker_main(*args) -> None:
     sys.exit(work(*args))
 
 
-def storage(url: str) -> RDBStorage:
-    # Heartbeats: a trial whose process died (kill -9, a lost machine) is failed after a minute and run again.
-    return RDBStorage(url, heartbeat_interval=20, grace_period=60,
-                      failed_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+def storage(url: str, heartbeat: int = 20) -> RDBStorage:
+    """The study's storage, with heartbeats: a trial whose process died is failed after three silent intervals and
+    run again (twice at most)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats: used knowingly
+        for _ in range(3):
+            try:
+                return RDBStorage(url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                                  heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2))
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+                # Machines starting at once on a new database all create Optuna's tables, and all but one fail at
+                # a step that another took first (optuna#1092): what it made is there now, so open it again.
+                error = e
+            except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as e:  # a driver, a URL, a server
+                error = e
+                break
+    reason = str(error.__cause__ or error).strip().splitlines()[0]
+    raise train.UsageError(f"--storage {url}: cannot open it ({reason})")
 
 
 def summary(study: optuna.Study, folder: Path) -> str:
@@ -220,15 +258,16 @@ def summary(study: optuna.Study, folder: Path) -> str:
     frame = study.trials_dataframe(attrs=("number", "value", "state", "params", "duration", "user_attrs"))
     if frame.empty:
         return f"Study {study.study_name}: no trials yet"
+    frame = frame.drop(columns="user_attrs_config", errors="ignore")  # best.yaml holds the best one's
     frame.to_csv(folder / "summary.csv", index=False)
     shown = frame[["number", "state", "value", *[c for c in frame.columns if c.startswith("params_")]]]
-    shown = shown.assign(seconds=frame["duration"].dt.total_seconds().round(1))
+    # (a column of durations that are all None, as when no trial has ended yet, is not a timedelta column)
+    shown = shown.assign(seconds=pandas.to_timedelta(frame["duration"]).dt.total_seconds().round(1))
     lines = [f"Study {study.study_name}: {len(frame)} trials in {folder}", shown.to_string(index=False)]
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     if complete:
         best = max(complete, key=lambda t: t.value)
-        log_dir = next(v for k, v in best.user_attrs.items() if k.startswith("log_dir_seed_"))
-        config = yaml.safe_load(Path(log_dir, "config.yaml").read_text())
+        config = best.user_attrs["config"]
         config["trainer"]["default_root_dir"] = None  # a replay logs where its own command runs
         config["trainer"]["enable_progress_bar"] = None
         (folder / "best.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -250,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = (Path("lightning_logs") / "sweeps" / name).resolve()
         folder.mkdir(parents=True, exist_ok=True)
         url = opts.storage or f"sqlite:///{folder / 'study.db'}"
-        study = open_study(name, url, space, bool(opts.grid), seed)
+        store = storage(url, opts.heartbeat)
+        study = open_study(name, store, space, bool(opts.grid), seed)
         if study.user_attrs.setdefault("command", base) != base or study.user_attrs.get("space", space) != space:
             raise train.UsageError(f"the study {name} in {url} was made by another command ("
                                    f"{shlex.join(study.user_attrs['command'])}); choose another --name")
@@ -261,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         objective = Objective(base, space, bool(opts.grid), [seed + i for i in range(opts.seeds)], folder,
                               f"OMP_NUM_THREADS={threads} ")
         print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
-        code = run_workers(name, url, objective, trials, opts.parallel, threads)
-        print(summary(optuna.load_study(study_name=name, storage=url), folder))
+        code = run_workers(name, store, objective, trials, opts.parallel, threads)
+        print(summary(optuna.load_study(study_name=name, storage=store), folder))
         if code:
             print("sweep.py: stopped; the same command goes on with the study", file=sys.stderr)
         return code
