@@ -117,7 +117,9 @@ def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
 def settings(trainer, pl_module) -> dict[str, str | int | float]:
     """The run's settings as HParams columns: the model's and data module's hyperparameters as they were given
     (`model/...`, `data/...`), the optimizers' classes and numeric settings, the schedules' classes, the epochs."""
-    columns = flatten(pl_module.hparams_initial, "model/")
+    # The optimizer and schedule as they run (below), not as configured: the model's lr replaces the optimizer's.
+    model = {k: v for k, v in pl_module.hparams_initial.items() if k not in ("optimizer", "scheduler")}
+    columns = flatten(model, "model/")
     if trainer.datamodule is not None:
         columns["data"] = type(trainer.datamodule).__name__
         columns |= flatten(trainer.datamodule.hparams_initial, "data/")

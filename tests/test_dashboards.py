@@ -12,7 +12,8 @@ from PIL import Image
 from lit_models.dashboards import flatten, prediction_grid
 
 EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or Lightning adds
-    "model/arch", "model/lr", "model/label_smoothing", "model/flip_test", "model/channels_last", "model/compile",
+    "model/net", "model/net/hidden", "model/image_shape", "model/num_classes", "model/mean", "model/std",
+    "model/mixup", "model/cutmix", "data/float_images", "model/lr", "model/label_smoothing", "model/flip_test", "model/channels_last", "model/compile",
     "data", "data/data_dir", "data/batch_size", "data/eval_batch_size", "data/split_seed", "data/crop_padding",
     "data/flip", "data/on_device", "data/download",
     "optimizer", "optimizer/lr", "optimizer/betas", "optimizer/eps", "optimizer/weight_decay",
@@ -108,7 +109,8 @@ def test_custom_scalars_layout(fitted):
 def test_hparams_columns(fitted):
     values, metrics = hparams_tab(fitted.fit)
     assert set(values) == EXPECTED_COLUMNS
-    assert values["model/arch"] == "mlp" and values["optimizer"] == "AdamW" and values["scheduler"] == "OneCycle"
+    assert values["model/net"] == "TutorialMLP" and values["model/net/hidden"] == 128  # the real widths
+    assert values["optimizer"] == "AdamW" and values["scheduler"] == "OneCycle"
     assert values["data/batch_size"] == 64 and values["trainer/max_epochs"] == 2
     assert values["model/lr"] == values["optimizer/lr"] == pytest.approx(0.015)
     assert values["model/channels_last"] == "true" and values["optimizer/betas"] == "0.9, 0.999"
@@ -118,7 +120,8 @@ def test_hparams_columns(fitted):
     assert tags["val/acc_best"][-1] == pytest.approx(results(fitted.fit)["val/acc_best"])
     # A test of a checkpoint is a run of its own: its settings, as the checkpoint holds them.
     values, metrics = hparams_tab(fitted.test)
-    assert values["model/arch"] == "mlp" and values["model/image_shape"] == "1, 28, 28" and "optimizer" not in values
+    assert values["model/net"] == "TutorialMLP" and values["model/image_shape"] == "1, 28, 28"
+    assert "optimizer" not in values
     for run in (fitted.fit, fitted.test):
         assert not any(name.startswith("_") or "/_" in name for name in hparams_tab(run)[0])
         assert -1 not in hparams_tab(run)[0].values()
