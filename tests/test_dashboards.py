@@ -13,7 +13,8 @@ from lit_models.dashboards import flatten, prediction_grid
 
 EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or Lightning adds
     "model/net", "model/net/hidden", "model/image_shape", "model/num_classes", "model/mean", "model/std",
-    "model/mixup", "model/cutmix", "data/float_images", "model/lr", "model/label_smoothing", "model/flip_test", "model/channels_last", "model/compile",
+    "model/mixup", "model/cutmix", "data/float_images", "model/lr", "model/label_smoothing", "model/flip_test",
+    "model/channels_last", "model/compile",
     "data", "data/data_dir", "data/batch_size", "data/eval_batch_size", "data/split_seed", "data/crop_padding",
     "data/flip", "data/on_device", "data/download",
     "optimizer", "optimizer/lr", "optimizer/betas", "optimizer/eps", "optimizer/weight_decay",
