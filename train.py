@@ -15,7 +15,6 @@ short name (datamodules.DATA). A run writes lightning_logs/version_N/: TensorBoa
 config.yaml (`--config` of it runs it again) and results.json.
 """
 
-import importlib
 import inspect
 import json
 import random
@@ -37,6 +36,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 import datamodules
 from datamodules import DataError
 from lit_models import NETWORKS, ImageClassifier, LastCheckpoint, ModelError, TimedProgressBar, TrainingSpeed
+from lit_models.networks import import_class
 
 # A torch.device in a configuration (StochasticWeightAveraging's default one) written and read back as its name:
 # without it, config.yaml would hold "Unable to serialize instance cpu", and would not replay.
@@ -141,7 +141,6 @@ class TrainCLI(LightningCLI):
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision("high")  # TF32 for what stays in float32
 
-
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         # The network, sized from the data, before anything looks at the model: callbacks such as
@@ -182,11 +181,6 @@ def check_parts(model: Namespace, args: list[str]) -> None:
             rank_zero_only(print)(f"--model.{part} {chosen} starts from its own defaults: {', '.join(reset)} of the "
                                   f"configuration before it are reset (--model.{part}.{reset[0]} ... sets one)",
                                   file=sys.stderr)
-
-
-def import_class(path: str) -> type:
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 # --- finding checkpoints -----------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """One LightningModule for image classification: normalisation, loss, metrics and optimisation around a network."""
 
 import functools
-import importlib
 import inspect
 import math
 from typing import Callable, Literal, Optional, Union
@@ -15,7 +14,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from datamodules.base import mix_seed
-from lit_models.networks import NETWORKS, TutorialCNN, network_class
+from lit_models.networks import NETWORKS, TutorialCNN, import_class, network_class
 
 
 class ModelError(RuntimeError):
@@ -47,9 +46,8 @@ def as_spec(part):
 def as_factory(part):
     """The callable a spec of `as_spec` stands for (a partial of its class); a callable as it is."""
     if isinstance(part, dict) and "class_path" in part:
-        module, _, name = part["class_path"].rpartition(".")
         try:
-            cls = getattr(importlib.import_module(module), name)
+            cls = import_class(part["class_path"])
         except (ImportError, AttributeError, ValueError):
             raise ModelError(f"{part['class_path']} cannot be imported") from None
         return functools.partial(cls, **(part.get("init_args") or {}))
@@ -204,8 +202,8 @@ class ImageClassifier(L.LightningModule):
                              f"{', '.join(missing)}: give them to the model "
                              f"({' '.join(f'--model.{name} ...' for name in missing)})")
         if self.net is None:
-            self._build()
-        if hp.mean is not None and hp.std is not None:
+            self._build()  # with the normalisation, where it is known
+        elif hp.mean is not None and hp.std is not None:
             self._set_normalisation()
         self.save_hyperparameters(dict(hp))  # what Lightning logs is the model's initial hyperparameters
 

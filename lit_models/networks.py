@@ -78,14 +78,19 @@ class TutorialMLP(nn.Sequential):
 NETWORKS: dict[str, type[nn.Module]] = {"cnn": TutorialCNN, "mlp": TutorialMLP}
 
 
+def import_class(path: str) -> type:
+    """The class an import path `package.module.Class` names (ImportError or AttributeError if none)."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def network_class(name: str) -> type[nn.Module]:
     """The network class `name` names: a key of NETWORKS, or an import path `package.module.Class`."""
     if name in NETWORKS:
         return NETWORKS[name]
-    module_name, _, class_name = name.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
-    except (ImportError, AttributeError):
+        cls = import_class(name) if "." in name else None
+    except (ImportError, AttributeError, ValueError):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"--model.net {name!r} is not a network: use one of {', '.join(NETWORKS)}, or the "
