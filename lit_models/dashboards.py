@@ -23,10 +23,10 @@ class Dashboards(L.Callback):
     """TensorBoard's Images, Custom Scalars and HParams tabs for a run (`--trainer.callbacks+=Dashboards`, one of
     train.py's default callbacks).
 
-    - At test: `test/predictions`, a grid of the first test images with their true class (grey) and the predicted
-      one (green, or red in a red frame for a mistake), and `test/confusion_matrix` (rows: true classes, columns:
-      predicted; shaded by the share of the row), as images at the step the model was trained to. MLflow takes
-      them as artifacts `test/*.png`; other loggers skip them.
+    - At test: `test/predictions`, a grid of test images (the first ones of each test batch, in equal shares)
+      with their true class (grey) and the predicted one (green, or red in a red frame for a mistake), and
+      `test/confusion_matrix` (rows: true classes, columns: predicted; shaded by the share of the row), as images
+      at the step the model was trained to. MLflow takes them as artifacts `test/*.png`; other loggers skip them.
     - At the start of a run: a Custom Scalars layout with train and val loss on one chart, accuracy on another;
       and the HParams tab's row of the run: the model's, data module's, optimizer's and schedule's settings as
       flat columns (`model/lr`, `data/batch_size`, `optimizer/weight_decay`, a class path by its class name),
@@ -72,7 +72,11 @@ class Dashboards(L.Callback):
         self.shown = []
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        wanted = self.images - sum(len(labels) for _, labels, _ in self.shown)
+        # Spread over the test batches, as evenly as they come: a test set may be sorted by class.
+        batches = trainer.num_test_batches[dataloader_idx]
+        wanted = self.images if batches == float("inf") else \
+            self.images * (batch_idx + 1) // batches - self.images * batch_idx // batches
+        wanted = min(wanted, self.images - sum(len(labels) for _, labels, _ in self.shown))
         if wanted <= 0 or not trainer.is_global_zero or not image_loggers(trainer):
             return
         images, labels = batch[0][:wanted], batch[1][:wanted]
