@@ -135,7 +135,12 @@ class ImageClassifier(L.LightningModule):
         self.test_loss, self.test_acc = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run remembers its best epoch
-        self.train_sums, self.train_steps = torch.zeros(2), 0
+        # Sums of the training loss and accuracy over the images since they were last logged (logs_at), and their
+        # means over the epoch: metrics of values summed over the processes already (no sync when a progress bar on
+        # one process reads them, which would hang DDP: Lightning-AI/pytorch-lightning#21264).
+        self.train_window, self.window_images = torch.zeros(2), 0  # float32 whatever --trainer.precision says
+        self.train_loss = MeanMetric(nan_strategy="disable", sync_on_compute=False)
+        self.train_acc = MeanMetric(nan_strategy="disable", sync_on_compute=False)
         if image_shape is not None and num_classes is not None:
             self._build()
 
@@ -284,12 +289,16 @@ class ImageClassifier(L.LightningModule):
 
     # --- training --------------------------------------------------------------------------------------
 
-    def on_train_epoch_start(self):
-        # The epoch's sums of the batches' loss and accuracy, on the device: every training batch is full, so their
-        # mean is the mean over the images. Plain tensors: a torchmetrics update or a `self.log` per step costs
-        # more Python than a whole step of the tutorial networks on a GPU.
-        self.train_sums = torch.zeros(2, device=self.device)
-        self.train_steps = 0
+    def logs_at(self, batch_idx: int) -> bool:
+        """Whether a training step logs train/loss and train/acc: where Lightning's loggers write a step
+        (`--trainer.log_every_n_steps`), before a validation, and at the end of an epoch. Each time, as the mean
+        over the steps since the last time: a `self.log` costs more Python than a whole step of the tutorial
+        networks on a GPU, and the means over the images of every step are exact. So `train/loss_step` is the mean
+        since the previous point, `train/loss_epoch` the epoch's mean, and `train/loss` the latest of the two,
+        as Lightning's `on_step=True, on_epoch=True` names them."""
+        trainer, every = self.trainer, self.trainer.log_every_n_steps
+        return bool(every and (trainer.global_step + 1) % every == 0) or batch_idx + 1 == trainer.num_training_batches \
+            or (batch_idx + 1) % (trainer.val_check_batch or float("inf")) == 0
 
     def check_batch(self, images: torch.Tensor) -> None:
         """A ModelError for a batch that is not uint8 images: floats may be normalised already, and would be
@@ -329,23 +338,32 @@ class ImageClassifier(L.LightningModule):
         predicted = logits.argmax(1)
         # Mixed labels: a prediction counts by its class's share of the label.
         correct = (predicted == targets) if targets.dim() == 1 else targets.gather(1, predicted[:, None])
-        # Nothing here waits for the device: the sums are read once per epoch.
-        self.train_sums += torch.stack([loss.detach(), correct.float().mean()])
-        self.train_steps += 1
+        self.train_window = self.train_window.to(loss.device)  # a no-op but on the first step
+        self.train_window += torch.stack([loss.detach(), correct.float().mean()]).float() * len(labels)
+        self.window_images += len(labels)
+        if self.logs_at(batch_idx):
+            # Every process logs at the same steps: their sums, added up here, are the images of all of them.
+            loss_sum, acc_sum, images = self.trainer.strategy.reduce(
+                torch.cat([self.train_window, self.train_window.new_tensor([self.window_images])]), reduce_op="sum")
+            self.train_loss(loss_sum / images, weight=images)
+            self.train_acc(acc_sum / images, weight=images)
+            self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, on_step=True, on_epoch=True,
+                          prog_bar=True)
+            self.train_window.zero_()
+            self.window_images = 0
         return loss
 
     def on_train_epoch_end(self):
         self.raise_if_not_finite()
-        if self.train_steps:
-            loss, acc = (self.train_sums / self.train_steps).unbind()
-            # The same number of steps on every process: the mean over processes is the mean over the images.
-            self.log_dict({"train/loss": loss, "train/acc": acc}, prog_bar=True, sync_dist=True)
 
     def on_save_checkpoint(self, checkpoint):
         self.raise_if_not_finite()  # no checkpoint ever holds the weights of a diverged run
+        checkpoint["train_window"] = [*self.train_window.tolist(), self.window_images]  # a resumed epoch's means
 
     def on_load_checkpoint(self, checkpoint):
         self.check_weights(checkpoint.get("state_dict", {}))  # before Lightning loads them, strictly
+        *window, self.window_images = checkpoint.get("train_window", [0.0, 0.0, 0])
+        self.train_window = torch.tensor(window)
         try:
             data = self.trainer.datamodule if self.trainer.training else None
         except RuntimeError:  # not attached to a Trainer: load_from_checkpoint
@@ -370,11 +388,14 @@ class ImageClassifier(L.LightningModule):
                              f"{', '.join(wrong[:4])} missing, unexpected or of another shape")
 
     def raise_if_not_finite(self) -> None:
-        """A ModelError if a training loss of this epoch so far was NaN or infinite (on any process)."""
-        if self.trainer.training and self.train_steps and \
-                not torch.isfinite(self.trainer.strategy.reduce(self.train_sums[0], reduce_op="sum")):
-            raise ModelError(f"the training loss became NaN or infinite in epoch {self.current_epoch} (by step "
-                             f"{self.global_step}); no checkpoint holds it. Try a lower learning rate (--model.lr)")
+        """A ModelError if a weight of the network is NaN or infinite: a diverged run stops before a checkpoint, an
+        export or a test holds it."""
+        if self.net is not None:
+            # Not a collective: every process holds the same weights, and stops alike.
+            if not torch.stack([p.isfinite().all() for p in self.net.parameters()]).all():
+                raise ModelError(f"the weights became NaN or infinite in epoch {self.current_epoch} (by step "
+                                 f"{self.global_step}); no checkpoint holds them. Try a lower learning rate "
+                                 f"(--model.lr)")
 
     # --- evaluation ------------------------------------------------------------------------------------
 

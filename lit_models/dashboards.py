@@ -13,8 +13,8 @@ from torch.utils.tensorboard.summary import hparams
 from lit_models.classifier import ImageClassifier
 
 # Tags are regular expressions in a Custom Scalars layout: anchored, so that val/acc does not take val/acc_best.
-LAYOUT = {"train vs val": {"loss": ["Multiline", ["^train/loss$", "^val/loss$"]],
-                           "accuracy": ["Multiline", ["^train/acc$", "^val/acc$"]]}}
+LAYOUT = {"train vs val": {"loss": ["Multiline", ["^train/loss_step$", "^train/loss_epoch$", "^val/loss$"]],
+                           "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]]}}
 TILE, LINE, PAD = 96, 14, 4  # a test image is enlarged to about TILE pixels, with two lines of LINE under it
 GREEN, RED, GREY = (0, 120, 0), (200, 0, 0), (90, 90, 90)
 

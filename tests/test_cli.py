@@ -25,7 +25,8 @@ def test_a_run_fits_tests_and_writes_its_directory(trained):
     best = run / "checkpoints" / f"epoch{record['checkpoint'].split('epoch')[1]}"
     assert best.is_file() and (run / "checkpoints" / "last.ckpt").is_file() and record["checkpoint"] == str(best)
     logged = scalars(run)
-    assert len(logged["train/loss"]) == len(logged["val/acc"]) == 3 and logged["test/acc"][0] == record["test/acc"]
+    assert len(logged["train/loss_epoch"]) == len(logged["val/acc"]) == 3
+    assert logged["test/acc"][0] == record["test/acc"]
     assert logged["hp_metric"][-1] == pytest.approx(record["val/acc_best"])
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

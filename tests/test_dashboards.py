@@ -1,6 +1,7 @@
 """TensorBoard's dashboards of a run, read back from its event files with TensorBoard's own reader."""
 
 import io
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -103,9 +104,11 @@ def test_custom_scalars_layout(fitted):
     assert len(written) == 1  # once a run, not again at test
     layout = layout_pb2.Layout.FromString(tensor_util.make_ndarray(written[0].tensor_proto).item())
     charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
-    assert charts == {"loss": ["^train/loss$", "^val/loss$"], "accuracy": ["^train/acc$", "^val/acc$"]}
+    assert charts == {"loss": ["^train/loss_step$", "^train/loss_epoch$", "^val/loss$"],
+                      "accuracy": ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]}
     tags = scalars(fitted.fit)
-    assert all(len(tags[tag]) == 2 for tag in ("train/loss", "val/loss", "train/acc", "val/acc"))
+    assert all(len(tags[tag]) == 2 for tag in ("train/loss_epoch", "val/loss", "train/acc_epoch", "val/acc"))
+    assert all(any(re.search(pattern, tag) for tag in tags) for chart in charts.values() for pattern in chart)
 
 
 @pytest.mark.slow

@@ -123,6 +123,58 @@ def test_validation_runs_when_lightning_says(flags, expected, mnist, tmp_path):
     assert counter.steps == expected
 
 
+class LoggingReference(Reference):
+    """The plain module, logging its training loss as Lightning's docs show."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+
+class ReadMetrics(L.Callback):
+    """What a user's callback finds: train/loss in callback_metrics at each epoch's end, and every step's loss."""
+
+    def __init__(self):
+        self.at_epoch_end, self.losses = [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.at_epoch_end.append(float(trainer.callback_metrics["train/loss"]))
+
+
+def test_training_metrics_are_logged_as_on_a_plain_module(mnist, tmp_path):
+    """Per step at log_every_n_steps and as epoch means (Lightning's _step and _epoch), current for callbacks."""
+    logged = {}
+    for name, factory in (("ours", ours), ("reference", LoggingReference)):
+        reader = ReadMetrics()
+        logger = L.pytorch.loggers.TensorBoardLogger(tmp_path, name=name, version=0)
+        fit(factory, mnist, tmp_path, callbacks=[lambda: reader], logger=logger, log_every_n_steps=5,
+            limit_train_batches=20)
+        logged[name] = scalars(tmp_path / name / "version_0"), reader
+    (ours_tags, ours_read), (plain_tags, plain_read) = logged["ours"], logged["reference"]
+    assert len(ours_tags["train/loss_step"]) == len(plain_tags["train/loss_step"]) == 8  # 40 steps, every 5th
+    assert len(ours_tags["train/loss_epoch"]) == len(plain_tags["train/loss_epoch"]) == 2
+    assert ours_read.losses == pytest.approx(plain_read.losses, rel=1e-5)  # the same training
+    # The epoch's mean over every step (not only the logged ones), there when callbacks look, epoch 0 too.
+    means = [sum(ours_read.losses[i:i + 20]) / 20 for i in (0, 20)]
+    assert ours_tags["train/loss_epoch"] == pytest.approx(means, rel=1e-5)
+    assert ours_read.at_epoch_end == pytest.approx(means, rel=1e-5) == plain_read.at_epoch_end
+    # A logged step is the mean of the steps since the one before: each step's own value at log_every_n_steps 1.
+    assert ours_tags["train/loss_step"][1] == pytest.approx(sum(ours_read.losses[5:10]) / 5, rel=1e-5)
+    tags = scalars(fit(ours, mnist, tmp_path, logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="every"),
+                       log_every_n_steps=1, limit_train_batches=20, max_epochs=1)[0].logger.log_dir)
+    assert len(tags["train/loss_step"]) == 20
+
+
+def test_a_checkpoint_can_monitor_the_training_loss_mid_epoch(mnist, tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="train/loss", save_top_k=-1)
+    fit(ours, mnist, tmp_path, callbacks=[lambda: checkpoint], val_check_interval=0.5)
+    assert len(list((tmp_path / "ckpt").glob("*.ckpt"))) == 4 and checkpoint.best_model_score is not None
+
+
 def ema():
     return WeightAveraging(multi_avg_fn=get_ema_multi_avg_fn(0.9))
 
