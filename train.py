@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import yaml
 from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
@@ -118,22 +119,32 @@ class TrainCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         check_parts(self.config.model.init_args, self.args)
         trainer = self.config.trainer
-        if trainer.logger is False:  # no run directory: the config would go to default_root_dir, one run only
+        if trainer.logger is False or trainer.get("barebones"):  # no run directory: one config.yaml for every run
             self.save_config_callback = None
         kept, callbacks = [], trainer.callbacks or []
-        for i, callback in enumerate(callbacks):
+        theirs = [import_class(c.class_path) for c in callbacks if not is_default(c)]
+        checkpoints = [c for c in callbacks if issubclass(import_class(c.class_path), ModelCheckpoint)
+                       and not is_default(c) and import_class(c.class_path) is not LastCheckpoint]
+        bare = trainer.get("barebones")
+        for callback in callbacks:  # the project's defaults step aside where a flag or a user's callback says
             cls = import_class(callback.class_path)
-            if issubclass(cls, ModelCheckpoint) and trainer.enable_checkpointing is False:
+            if not is_default(callback):
+                kept.append(callback)
+            elif issubclass(cls, ModelCheckpoint) and (trainer.enable_checkpointing is False or bare):
                 continue
-            # Without a logger there is nothing to monitor into (Lightning refuses it); a later one is the user's.
-            if cls is LearningRateMonitor and (trainer.logger is False or any(
-                    issubclass(import_class(c.class_path), LearningRateMonitor) for c in callbacks[i + 1:])):
+            elif cls is ModelCheckpoint and checkpoints:  # Lightning's default checkpoint, likewise
                 continue
-            others = [c for c in trainer.callbacks if c is not callback]
-            if cls is TimedProgressBar and (trainer.enable_progress_bar is False or
-                                            any(issubclass(import_class(c.class_path), ProgressBar) for c in others)):
+            elif cls is LastCheckpoint and any((c.init_args or {}).get("save_last") for c in checkpoints):
                 continue
-            kept.append(callback)
+            # Without a logger there is nothing to monitor into (Lightning refuses it).
+            elif cls is LearningRateMonitor and (trainer.logger is False or bare or
+                                                 any(issubclass(c, LearningRateMonitor) for c in theirs)):
+                continue
+            elif cls is TimedProgressBar and (trainer.enable_progress_bar is False or bare or
+                                              any(issubclass(c, ProgressBar) for c in theirs)):
+                continue
+            else:
+                kept.append(callback)
         trainer.callbacks = kept
         if trainer.precision is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
                 and trainer.accelerator in ("auto", "gpu", "cuda"):
@@ -148,6 +159,16 @@ class TrainCLI(LightningCLI):
         # (prepare_data); the model takes them in configure_model, before Lightning logs its hyperparameters.
         if isinstance(self.model, ImageClassifier):
             self.model.take_from_data(self.datamodule, statistics=False)
+
+
+def is_default(callback: Namespace) -> bool:
+    """Whether a callback is one of DEFAULT_CALLBACKS (or a recipe's) as it comes: with settings of the user's, or
+    of another class, it is the user's own."""
+    for spec in DEFAULT_CALLBACKS:
+        if callback.class_path == spec["class_path"]:
+            wanted = class_defaults(spec["class_path"]) | spec.get("init_args", {})
+            return all(value == wanted.get(key) for key, value in (callback.get("init_args") or {}).items())
+    return False
 
 
 def class_defaults(class_path: str) -> dict:
@@ -204,14 +225,16 @@ def read_checkpoint(path: Path) -> dict:
     return contents
 
 
-def find_checkpoint(spec: str, prefer: str) -> Path:
+def find_checkpoint(spec: str, prefer: str, root: str | None = None) -> Path:
     """The checkpoint `spec` names: a file; a run directory (its `prefer`: best or last); best/last of the newest run
-    under ./lightning_logs (by the time of its newest checkpoint)."""
-    path = Path(spec).expanduser()
+    (by the time of its newest checkpoint) under `root` (default: here), wherever a logger put it: up to three
+    folders deep (`lightning_logs/version_0`, `logs/NAME/version_0`, `mlruns/ID/RUN`; a sweep's trials are deeper)."""
+    path, root = Path(spec).expanduser(), Path(root or ".")
     if spec in ("best", "last") and not path.exists():
-        folders = [f for f in Path("lightning_logs").glob("**/checkpoints") if any(f.glob("*.ckpt"))]
+        folders = {f.parent for depth in range(4) for f in root.glob("*/" * depth + "checkpoints/*.ckpt")}
         if not folders:
-            raise UsageError(f"--ckpt_path {spec}: no run with checkpoints in {Path('lightning_logs').resolve()}")
+            raise UsageError(f"--ckpt_path {spec}: no run with checkpoints in {root.resolve()} (or up to three "
+                             f"folders below it); --trainer.default_root_dir DIR looks in DIR")
         path, prefer = max(folders, key=lambda f: max(c.stat().st_mtime for c in f.glob("*.ckpt"))).parent, spec
     if not path.is_dir():
         return path
@@ -246,7 +269,7 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
     spec, rest = option(args, "--ckpt_path")
     if spec is None:
         raise UsageError(f"{subcommand} needs --ckpt_path: a checkpoint file, a run directory, or best/last")
-    path = find_checkpoint(spec, prefer="best").resolve()
+    path = find_checkpoint(spec, "best", option(rest, "--trainer.default_root_dir")[0]).resolve()
     contents = read_checkpoint(path)
     hparams = dict(contents["hyper_parameters"])
     model = {"class_path": hparams.pop("_class_path", "lit_models.ImageClassifier"),
@@ -265,11 +288,28 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
     rank_zero_only(print)(f"Using {path} ({net}, epoch {contents.get('epoch')}, "
                           f"step {contents.get('global_step')})")
     # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders),
-    # only its dashboards: `--trainer.callbacks+=X` adds one of the user's.
+    # only its dashboards and bar: `--trainer.callbacks+=X` adds one of the user's.
     use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
-           '--trainer.callbacks=[{"class_path": "lit_models.Dashboards"}]']
+           f"--trainer.callbacks={json.dumps([{'class_path': 'lit_models.Dashboards'}, DEFAULT_CALLBACKS[3]])}"]
+    if option(rest, "--trainer.logger")[0] is None:  # not a new run: predict and export log nothing, a test
+        # logs in a folder of the run it tests (TensorBoard shows it under the run), unless a logger is given
+        if subcommand in ("predict", "export") or not config.is_file():
+            use.append("--trainer.logger=false")
+        elif logger := logger_in(config, save_dir=path.parent.parent / subcommand, name="", version=None):
+            use.append(f"--trainer.logger={logger}")
     return path, contents, expand(base + use + [f"--model={json.dumps(model)}"] + rest, default_recipe=False) + \
         ["--ckpt_path", str(path)]
+
+
+def logger_in(config: Path, **where) -> str | None:
+    """The run's logger (in its config.yaml) as a --trainer.logger value that writes `where` (save_dir, name,
+    version); None for loggers that keep runs elsewhere (MLflow's store), which log as the run did."""
+    spec = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("logger")
+    spec = spec if isinstance(spec, dict) else {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
+    if not spec["class_path"].endswith(("TensorBoardLogger", "CSVLogger")):
+        return None
+    init = {**(spec.get("init_args") or {}), **{k: str(v) for k, v in where.items() if v is not None}}
+    return json.dumps({"class_path": spec["class_path"], "init_args": init})
 
 
 def expand(args: list[str], default_recipe: bool = True) -> list[str]:
@@ -304,10 +344,20 @@ def expand(args: list[str], default_recipe: bool = True) -> list[str]:
         else:
             out.append(args[i])
             i += 1
-    if default_recipe and not given and not any(a in ("--config", "-c") or a.startswith("--config=") for a in out) \
-            and not any(a.startswith("--model=") for a in out):
+    configs = [b for a, b in zip(out, out[1:]) if a in ("--config", "-c")] + \
+        [a.split("=", 1)[1] for a in out if a.startswith("--config=")]
+    if default_recipe and not given and not any(a.startswith("--model=") for a in out) and \
+            not any(sets_model(config) for config in configs):  # a config of a few options goes on top of it
         given = ["--config", str(RECIPES / "cnn.yaml")]
     return given + out
+
+
+def sets_model(config: str) -> bool:
+    """Whether a --config file names a model (or cannot be read: jsonargparse then says why)."""
+    try:
+        return "model" in (yaml.safe_load(Path(config).read_text()) or {})
+    except (OSError, yaml.YAMLError, TypeError):
+        return True
 
 
 # --- the commands ------------------------------------------------------------------------------------------------
@@ -348,7 +398,7 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
     # The test belongs to the fit's run: logging the hyperparameters again would reset TensorBoard's hp_metric to
     # Lightning's placeholder (-1), the value the HParams tab shows.
     trainer.enable_autolog_hparams = False
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    best = next((c.best_model_path for c in trainer.checkpoint_callbacks if c.monitor), "")
     metrics = evaluate(trainer, "test", model, data, best or None, verbose)
     speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())
     return report(cli, "fit", metrics, best or None, {
@@ -389,7 +439,9 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
         validation = f"best val/acc {best:.4f}" if best is not None else "no validation"
         source = (f"({validation}) after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s"
                   if stage == "fit" else f"from {checkpoint}")
-        print(f"{record['model']} on {record['data']}: {split}/acc {record[f'{split}/acc']:.4f}", source,
+        accuracy = record[f"{split}/acc"]
+        accuracy = "not logged (--trainer.barebones)" if accuracy is None else f"{accuracy:.4f}"
+        print(f"{record['model']} on {record['data']}: {split}/acc {accuracy}", source,
               f"on {record['device']};",
               f"logs in {record['log_dir']}" if record["log_dir"] else "no logger", flush=True)
     return record
@@ -428,7 +480,7 @@ def run(argv: list[str]) -> dict:
     spec, rest = option(args, "--ckpt_path")
     kwargs = {}
     if spec is not None:
-        path = find_checkpoint(spec, prefer="last").resolve()
+        path = find_checkpoint(spec, "last", option(rest, "--trainer.default_root_dir")[0]).resolve()
         missing = [key for key in ("optimizer_states", "lr_schedulers", "loops") if key not in read_checkpoint(path)]
         if missing:
             raise ModelError(f"{path} cannot resume training: it has no {', '.join(missing)} (weights only?); "
@@ -440,11 +492,11 @@ def run(argv: list[str]) -> dict:
         has_config = (run_dir / "config.yaml").is_file()
         if not given and has_config:  # the run's own configuration, then the user's options
             rest = ["--config", str(run_dir / "config.yaml"), *rest]
-        if path.parent.name == "checkpoints" and has_config and option(rest, "--trainer.logger")[0] is None:
-            # Lightning's default logger would start a new version: go on in the run's own directory instead.
-            logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {
-                "save_dir": str(run_dir.parent.parent), "name": run_dir.parent.name, "version": run_dir.name}}
-            rest.append(f"--trainer.logger={json.dumps(logger)}")
+        logger = path.parent.name == "checkpoints" and has_config and option(rest, "--trainer.logger")[0] is None \
+            and logger_in(run_dir / "config.yaml", save_dir=run_dir.parent.parent, name=run_dir.parent.name,
+                          version=run_dir.name)
+        if logger:  # the run's logger would start a new version: go on in the run's own directory instead
+            rest.append(f"--trainer.logger={logger}")
             kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
     return fit(build(expand(rest), **kwargs))
 

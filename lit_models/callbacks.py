@@ -1,5 +1,7 @@
 """Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA."""
 
+import math
+import sys
 import time
 
 import lightning as L
@@ -79,22 +81,45 @@ class TrainingSpeed(L.Callback):
 
 
 class TimedProgressBar(TQDMProgressBar):
-    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart while training.
+    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart, and at the end of each bar.
 
     Lightning's bars redraw after every batch (`refresh_rate=1`): a terminal write of a few hundred microseconds,
     which costs the tutorial networks' short steps 5-25% of their speed (docs/benchmarks.md); a larger
-    `refresh_rate` would still redraw hundreds of times a second on a GPU. Time is what a reader needs.
+    `refresh_rate` would still redraw hundreds of times a second on a GPU. Time is what a reader needs. Piped to a
+    file (SLURM, CI, nohup), where every redraw stays, a bar is drawn every 30 seconds and when it ends.
+
+    Args:
+        refresh_seconds: the least time between two redraws; None: 0.1 in a terminal, 30 otherwise.
     """
 
-    def __init__(self, refresh_seconds: float = 0.1):
+    def __init__(self, refresh_seconds: float | None = None):
         super().__init__()
-        self.refresh_seconds, self._drawn = refresh_seconds, 0.0
+        self.refresh_seconds = refresh_seconds if refresh_seconds is not None else \
+            0.1 if sys.stderr.isatty() else 30.0
+        self._drawn = -math.inf
+
+    def _due(self, batch_idx: int, total: float) -> bool:
+        now = time.monotonic()
+        if now - self._drawn >= self.refresh_seconds or batch_idx + 1 >= total:
+            self._drawn = now
+            return True
+        return False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        now = time.monotonic()
-        if now - self._drawn >= self.refresh_seconds or batch_idx + 1 == self.total_train_batches:
-            self._drawn = now
+        if self._due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self._due(batch_idx, self.total_test_batches_current_dataloader):
+            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self._due(batch_idx, self.total_predict_batches_current_dataloader):
+            super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 
 class EMA(WeightAveraging):
