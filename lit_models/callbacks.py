@@ -95,7 +95,7 @@ class TimedProgressBar(TQDMProgressBar):
     def __init__(self, refresh_seconds: float | None = None):
         super().__init__()
         self.refresh_seconds = refresh_seconds if refresh_seconds is not None else \
-            0.1 if sys.stderr.isatty() else 30.0
+            0.1 if sys.stdout.isatty() else 30.0  # where Lightning's bars write
         self._drawn = -math.inf
 
     def _due(self, batch_idx: int, total: float) -> bool:

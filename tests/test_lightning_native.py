@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_train, runs, scalars, write_mnist
+from conftest import results, run_process, run_train, runs, scalars, write_mnist
 from lightning.pytorch.callbacks import (
     BatchSizeFinder,
     EarlyStopping,
@@ -301,3 +301,62 @@ def test_loggers(logger, written, cli_run, tmp_path, monkeypatch):
     if "CSVLogger" in " ".join(logger):
         header = csv.read_text().splitlines()[0]
         assert "val/acc" in header and "train/loss" in header
+
+
+# --- the project's defaults step aside as Lightning's do ---------------------------------------------------------
+
+def test_barebones_runs_with_none_of_the_defaults_in_its_way(cli_run, tmp_path, capsys):
+    assert cli_run("--trainer.barebones", "true") == 0
+    assert "test/acc not logged (--trainer.barebones)" in capsys.readouterr().out  # Lightning logs nothing
+    assert not any(tmp_path.glob("**/*.ckpt")) and not any(tmp_path.glob("**/config.yaml"))
+
+
+def test_a_users_checkpoint_callback_is_honoured_or_refused_as_lightning_does(cli_run, tmp_path, capsys):
+    assert cli_run("--trainer.enable_checkpointing", "false", "--trainer.callbacks+=ModelCheckpoint") == 2
+    assert "configured with `enable_checkpointing=False` but found `ModelCheckpoint`" in capsys.readouterr().err
+    # Their ModelCheckpoint takes the default one's place (Lightning's rule); with save_last, its last.ckpt is the
+    # only one; the test after fit uses their best.
+    assert cli_run("--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor=val/loss",
+                   "--trainer.callbacks.filename=low-{epoch}", "--trainer.callbacks.save_last=true") == 0
+    (run,) = runs(tmp_path)
+    best, last = sorted((p.name for p in (run / "checkpoints").iterdir()), key=lambda name: name == "last.ckpt")
+    assert best.startswith("low-epoch=") and last == "last.ckpt"
+    assert results(run)["checkpoint"] == str(run / "checkpoints" / best)
+
+
+def test_a_partial_config_goes_on_top_of_the_default_recipe(cifar10_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "few.yaml").write_text("trainer:\n  max_epochs: 1\n  limit_train_batches: 3\n")
+    assert run_train(["--config", "few.yaml", "--data.data_dir", str(cifar10_dir)]) == 0
+    (run,) = runs(tmp_path)
+    record = results(run)
+    assert record["model"] == "cnn" and record["data"] == "cifar10" and record["global_step"] == 3
+    assert "Problem with given class_path" not in capsys.readouterr().err
+
+
+def test_use_commands_find_runs_wherever_the_logger_put_them_and_make_no_new_runs(cli_run, tmp_path, capsys):
+    assert cli_run("--trainer.max_epochs", "1") == 0  # an older run, in ./lightning_logs
+    assert cli_run("--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "logs") == 0
+    csv_run = tmp_path / "logs" / "lightning_logs" / "version_0"
+    capsys.readouterr()
+    assert run_train(["test", "--ckpt_path", "best"]) == 0
+    assert f"from {csv_run}/checkpoints/epoch" in capsys.readouterr().out
+    assert (csv_run / "test" / "version_0" / "metrics.csv").is_file()  # beside the run, with its logger
+    assert results(csv_run / "test" / "version_0")["stage"] == "test" and results(csv_run)["stage"] == "fit"
+    assert run_train(["predict", "--ckpt_path", "last"]) == 0 and run_train(["export", "--ckpt_path", "last"]) == 0
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
+    assert [p.name for p in (tmp_path / "logs" / "lightning_logs").iterdir()] == ["version_0"]
+    assert cli_run("--trainer.max_epochs", "1", "--trainer.default_root_dir", "elsewhere") == 0
+    assert run_train(["test", "--ckpt_path", "last", "--trainer.default_root_dir", "elsewhere"]) == 0
+    assert f"from {tmp_path}/elsewhere/lightning_logs/version_0/checkpoints/last.ckpt" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_run_piped_to_a_file_logs_a_few_lines_an_epoch(mnist, tmp_path):
+    args = ["--model", "mlp", "--data.data_dir", str(mnist), "--data.batch_size", "24", "--trainer.max_epochs", "10"]
+    ours = run_process(args, cwd=tmp_path, quiet=False)
+    plain = run_process([*args, "--trainer.callbacks+=TQDMProgressBar"], cwd=tmp_path, quiet=False)
+    assert ours.returncode == plain.returncode == 0 and "Epoch 9: 100%" in ours.stdout
+    # Lightning's bar redraws at each of an epoch's 22 training and 3 validation batches, every redraw kept in a file.
+    assert ours.stdout.count("Epoch ") < 10 * 10 < plain.stdout.count("Epoch ") / 2
+    assert len(ours.stdout) < len(plain.stdout) / 3
