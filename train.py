@@ -30,6 +30,7 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -42,6 +43,8 @@ from lit_models.networks import import_class
 # A torch.device in a configuration (StochasticWeightAveraging's default one) written and read back as its name:
 # without it, config.yaml would hold "Unable to serialize instance cpu", and would not replay.
 register_type(torch.device, serializer=str, deserializer=torch.device)
+# Timer's default `interval`, a str enum that YAML's safe dumper refuses: written as the string it is.
+yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, value: dumper.represent_str(value.value))
 
 RECIPES = Path(__file__).resolve().parent / "configs"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")

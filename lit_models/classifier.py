@@ -3,12 +3,13 @@
 import functools
 import inspect
 import math
+from collections import OrderedDict
 from typing import Callable, Literal, Optional, Union
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.callbacks import BaseFinetuning, BatchSizeFinder, StochasticWeightAveraging
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
@@ -213,6 +214,15 @@ class ImageClassifier(L.LightningModule):
         self.save_hyperparameters(dict(hp))  # what Lightning logs is the model's initial hyperparameters
 
     @property
+    def backbone(self) -> torch.nn.Module:
+        """The network but its last layer: what Lightning's BackboneFinetuning freezes and thaws
+        (`--trainer.callbacks+=BackboneFinetuning`)."""
+        if not isinstance(self.net, torch.nn.Sequential):
+            raise ModelError(f"BackboneFinetuning takes the layers but the last of an nn.Sequential network as its "
+                             f"backbone; {self.net_name} is not one: give your model a `backbone`")
+        return torch.nn.Sequential(OrderedDict(list(self.net.named_children())[:-1]))  # the same layers
+
+    @property
     def class_names(self) -> list[str]:
         return list(self.hparams.class_names or map(str, range(self.hparams.num_classes)))
 
@@ -223,6 +233,13 @@ class ImageClassifier(L.LightningModule):
             if self.hparams.class_names is None and len(getattr(data, "classes", ())) == self.hparams.num_classes:
                 self.hparams.class_names = list(data.classes)
             self.check_data(data)
+        # Callbacks that change what a schedule over the whole run was planned for, after it was planned.
+        changes = {BaseFinetuning: "adds the layers it thaws to the optimizer", BatchSizeFinder: "changes the batches"}
+        for callback in self.trainer.callbacks if stage == "fit" and self.per_step_schedule else ():
+            for cls, change in changes.items():
+                if isinstance(callback, cls):
+                    raise ModelError(f"{type(callback).__name__} {change} after the schedule (--model.scheduler) "
+                                     f"planned the run's steps: give --model.scheduler null, or an epoch schedule")
 
     def configure_model(self) -> None:
         """Take what the model lacks from the data module: the network if it is not built yet, and the statistics
@@ -439,15 +456,20 @@ class ImageClassifier(L.LightningModule):
 
     # --- optimisation ------------------------------------------------------------------------------------
 
+    @property
+    def per_step_schedule(self) -> bool:
+        """Whether the schedule is planned over the run's steps (it takes `total_steps`: OneCycle)."""
+        # A schedule class, or a partial of one (what LightningCLI makes of --model.scheduler, its arguments bound).
+        return self.scheduler_factory is not None and (
+            "total_steps" in inspect.signature(self.scheduler_factory).parameters or
+            "total_steps" in getattr(self.scheduler_factory, "keywords", {}))
+
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.parameters(), **({} if self.hparams.lr is None else
-                                                                 {"lr": self.hparams.lr}))
+        trained = [p for p in self.parameters() if p.requires_grad]  # frozen ones (a backbone's) join later
+        optimizer = self.optimizer_factory(trained, **({} if self.hparams.lr is None else {"lr": self.hparams.lr}))
         if self.scheduler_factory is None:
             return optimizer
-        # A schedule class, or a partial of one (what LightningCLI makes of --model.scheduler, its arguments bound).
-        per_step = "total_steps" in inspect.signature(self.scheduler_factory).parameters or \
-            "total_steps" in getattr(self.scheduler_factory, "keywords", {})
-        if not per_step:
+        if not self.per_step_schedule:
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
         steps = self.trainer.estimated_stepping_batches
         if steps == float("inf"):

@@ -360,3 +360,22 @@ def test_a_run_piped_to_a_file_logs_a_few_lines_an_epoch(mnist, tmp_path):
     # Lightning's bar redraws at each of an epoch's 22 training and 3 validation batches, every redraw kept in a file.
     assert ours.stdout.count("Epoch ") < 10 * 10 < plain.stdout.count("Epoch ") / 2
     assert len(ours.stdout) < len(plain.stdout) / 3
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--trainer.callbacks+=Timer", "--trainer.callbacks.duration=00:00:00:01", "--trainer.max_epochs=1000"], 0),
+    (["--trainer.callbacks+=BackboneFinetuning", "--trainer.callbacks.unfreeze_backbone_at_epoch=1",
+      "--model.scheduler=null"], 0),
+    (["--trainer.callbacks+=BackboneFinetuning"], "BackboneFinetuning adds the layers it thaws to the optimizer after"),
+    (["--trainer.callbacks+=BatchSizeFinder"], "BatchSizeFinder changes the batches after the schedule"),
+    (["--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={0: 2}"], 0),
+    (["--trainer.callbacks+=ThroughputMonitor", "--trainer.callbacks.batch_size_fn=builtins.len"], 0),
+])
+def test_callbacks_run_or_say_why_not(args, expected, cli_run, tmp_path, capsys):
+    code = cli_run(*args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if expected == 0:
+        assert code == 0 and results(runs(tmp_path)[0])["epochs"] >= 1
+    else:
+        assert code == 1 and expected in err.strip().splitlines()[-1]
