@@ -17,11 +17,13 @@ config.yaml (`--config` of it runs it again) and results.json.
 
 import inspect
 import json
+import math
 import random
 import signal
 import sys
 import time
 import traceback
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
+from packaging.version import InvalidVersion, Version
 
 import datamodules
 from datamodules import DataError
@@ -213,6 +216,12 @@ def read_checkpoint(path: Path) -> dict:
     """A checkpoint file's contents, checked to be an ImageClassifier's."""
     if not path.is_file():
         raise UsageError(f"--ckpt_path {path}: no such checkpoint file")
+    try:  # torch's reader skips the zip's checksums: a damaged file would load
+        damaged = zipfile.ZipFile(path).testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        damaged = type(e).__name__
+    if damaged:
+        raise ModelError(f"checkpoint {path} is damaged ({damaged} fails its check) or not a checkpoint")
     try:
         contents = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # zip, pickle and EOF errors alike: not a whole checkpoint
@@ -222,6 +231,10 @@ def read_checkpoint(path: Path) -> dict:
     if isinstance(hparams, dict) and "arch" in hparams:
         raise ModelError(f"{path} was saved by an earlier version of this project (--model.arch, now --model.net): "
                          f"train it again")
+    try:
+        Version(contents["pytorch-lightning_version"])  # what Lightning's loading reads first
+    except (KeyError, TypeError, InvalidVersion):
+        raise ModelError(f"{path} has no valid pytorch-lightning_version: it was edited or is damaged") from None
     if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
         raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no net among its "
                          f"hyperparameters)")
@@ -390,10 +403,9 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
         with ctrl_c_stops_after_the_step(ctrl_c):
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
-        last = next((c.format_checkpoint_name({}) for c in trainer.checkpoint_callbacks
-                     if isinstance(c, LastCheckpoint)), None)
-        saved = f"saved {last}; add --ckpt_path {last} to the same command to go on" if last and Path(last).is_file() \
-            else "no checkpoint was written"
+        last = next((c.saved_on_stop for c in trainer.checkpoint_callbacks if isinstance(c, LastCheckpoint)), None)
+        saved = f"saved {last}; add --ckpt_path {last} to the same command to go on" if last else \
+            "no checkpoint was written"
         raise Stopped(f"stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} in epoch {trainer.current_epoch} at step "
                       f"{trainer.global_step}; {saved}", 130 if ctrl_c else 143) from None
     fit_seconds, epochs, step = time.perf_counter() - start, trainer.current_epoch, trainer.global_step
@@ -401,8 +413,13 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
     # The test belongs to the fit's run: logging the hyperparameters again would reset TensorBoard's hp_metric to
     # Lightning's placeholder (-1), the value the HParams tab shows.
     trainer.enable_autolog_hparams = False
-    best = next((c.best_model_path for c in trainer.checkpoint_callbacks if c.monitor), "")
-    metrics = evaluate(trainer, "test", model, data, best or None, verbose)
+    best = next((c.best_model_path for c in sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)), "")
+    try:
+        metrics = evaluate(trainer, "test", model, data, best or None, verbose)
+    except SIGTERMException:
+        run = trainer.log_dir if trainer.loggers else best or "CHECKPOINT"
+        raise Stopped(f"stopped by SIGTERM while testing after the fit, whose checkpoints are whole: "
+                      f"train.py test --ckpt_path {run} tests it", 143) from None
     speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())
     return report(cli, "fit", metrics, best or None, {
         "fit_seconds": round(fit_seconds, 2), "train_images_per_second": round(speed.images_per_second, 1),
@@ -437,7 +454,7 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
                                          if k.startswith(f"{split}/acc_class/")} or None}
     if trainer.is_global_zero:
         if record["log_dir"]:
-            Path(record["log_dir"], "results.json").write_text(json.dumps(record, indent=2) + "\n")
+            Path(record["log_dir"], "results.json").write_text(json.dumps(finite(record), indent=2) + "\n")
         best = record["val/acc_best"]
         validation = f"best val/acc {best:.4f}" if best is not None else "no validation"
         source = (f"({validation}) after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s"
@@ -450,12 +467,27 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
     return record
 
 
+def finite(record):
+    """The record with null for NaN and infinities (a class without test images has no accuracy): valid JSON."""
+    if isinstance(record, dict):
+        return {key: finite(value) for key, value in record.items()}
+    return None if isinstance(record, float) and not math.isfinite(record) else record
+
+
 def use(subcommand: str, args: list[str]) -> dict:
     """test / validate / predict / export a checkpoint, with its run's configuration and the user's overrides."""
-    from lit_models import export
-
     path, contents, args = replay_args(args, subcommand)
     cli = build(args, subcommand)
+    try:
+        return use_checkpoint(cli, subcommand, path, contents)
+    except SIGTERMException:  # a SystemExit, with no code: it would exit 0
+        raise Stopped(f"stopped by SIGTERM while {subcommand.rstrip('e')}ing {path}; no results were written", 143) \
+            from None
+
+
+def use_checkpoint(cli: TrainCLI, subcommand: str, path: Path, contents: dict) -> dict:
+    from lit_models import export
+
     if cli.trainer.world_size > 1:  # Lightning would start the other processes with a command line that fits
         raise UsageError(f"{subcommand} runs in one process: leave out --trainer.devices/num_nodes/strategy")
     if subcommand == "export" and cli.config.format not in export.FORMATS:

@@ -76,8 +76,9 @@ class ImageFolderDataModule(ImageDataModule):
             raise DataError(f"there is no folder {folder}: --data.root must hold train/<class>/ and test/<class>/ "
                             f"folders of images (and optionally val/<class>/)")
         classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
-        if not classes:
-            raise DataError(f"{folder} has no class folders: put each class's images in a folder named after it")
+        if len(classes) < 2:
+            raise DataError(f"{folder} has {len(classes)} class folder(s): a classifier needs two or more, each "
+                            f"class's images in a folder named after it")
         return classes
 
     @property

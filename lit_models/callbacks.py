@@ -28,10 +28,14 @@ class LastCheckpoint(ModelCheckpoint):
     def __init__(self, filename: str = "last", every_n_train_steps: int = 0):
         super().__init__(filename=filename, monitor=None, save_top_k=1, enable_version_counter=False,
                          every_n_train_steps=every_n_train_steps or None)
+        self.saved_on_stop: str | None = None
 
     def on_exception(self, trainer, pl_module, exception):
-        if isinstance(exception, SIGTERMException) and trainer.training and not trainer.sanity_checking:
+        # In validation too: Lightning resumes a fit in the middle of its validation as well.
+        self.saved_on_stop = None
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking:
             trainer.save_checkpoint(self.format_checkpoint_name({}))
+            self.saved_on_stop = self.format_checkpoint_name({})
 
 
 class TrainingSpeed(L.Callback):

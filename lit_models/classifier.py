@@ -399,6 +399,10 @@ class ImageClassifier(L.LightningModule):
         ours = self.state_dict()
         wrong = sorted(ours.keys() ^ weights.keys()) + [k for k in ours.keys() & weights.keys()
                                                        if ours[k].shape != weights[k].shape]
+        damaged = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if damaged:
+            raise ModelError(f"the checkpoint holds NaN or infinite weights ({', '.join(damaged[:4])}): it is "
+                             f"damaged, or saved from a diverged run; use another")
         if wrong:
             raise ModelError(f"the checkpoint's weights do not fit this model ({self.net_name} for "
                              f"{self.hparams.num_classes} classes of {tuple(self.hparams.image_shape)} images): "
@@ -466,7 +470,10 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         trained = [p for p in self.parameters() if p.requires_grad]  # frozen ones (a backbone's) join later
-        optimizer = self.optimizer_factory(trained, **({} if self.hparams.lr is None else {"lr": self.hparams.lr}))
+        try:
+            optimizer = self.optimizer_factory(trained, **({} if self.hparams.lr is None else {"lr": self.hparams.lr}))
+        except ValueError as e:  # torch's own check of its arguments (a negative lr, betas out of range)
+            raise ModelError(f"--model.optimizer: {e}") from None
         if self.scheduler_factory is None:
             return optimizer
         if not self.per_step_schedule:

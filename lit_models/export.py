@@ -19,6 +19,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
@@ -108,6 +109,8 @@ class CSVPredictions(BasePredictionWriter):
             self.csv.writerow(row)
             self.rows.append(row)
         self.seen += len(probabilities)
+        if trainer.received_sigterm:  # Lightning's predict loop runs on through SIGTERM; its other loops stop
+            raise SIGTERMException
 
 
 def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, inputs: list[str] | None,
@@ -204,7 +207,7 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
         x = images.numpy()
         got = np.concatenate([run(x[:1]), run(x[1:])])
         difference, agree = float(np.abs(got - expected).max()), int((got.argmax(1) == expected.argmax(1)).sum())
-        if difference > 1e-4 or agree != len(x):
+        if not difference <= 1e-4 or agree != len(x):  # NaN too
             raise ModelError(f"the {fmt} export disagrees with the checkpoint on {len(x)} test images (probabilities "
                              f"up to {difference:.1e} apart, {len(x) - agree} top classes differ); nothing written")
     if fmt != "onnx":  # the class names beside the file too, where any server can read them

@@ -9,7 +9,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 
 class SignalAt(L.Callback):
-    """Sends this process a real signal after optimizer step `step` (or at the start of testing, step -1)."""
+    """Sends this process a real signal after optimizer step `step` (or at the start of testing: -1, of a
+    validation: -2, of predicting: -3)."""
 
     def __init__(self, step: int, signal_name: str = "SIGTERM"):
         self.step, self.signal = step, getattr(signal, signal_name)
@@ -20,6 +21,14 @@ class SignalAt(L.Callback):
 
     def on_test_start(self, trainer, pl_module):
         if self.step == -1:
+            os.kill(os.getpid(), self.signal)
+
+    def on_validation_start(self, trainer, pl_module):  # step -2: at the start of a validation, outside training
+        if self.step == -2 and not trainer.sanity_checking:
+            os.kill(os.getpid(), self.signal)
+
+    def on_predict_start(self, trainer, pl_module):
+        if self.step == -3:
             os.kill(os.getpid(), self.signal)
 
 

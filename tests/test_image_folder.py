@@ -213,3 +213,13 @@ def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
     record = results(runs(tmp_path)[0])
     assert record["data"] == "image_folder" and record["test/acc"] is not None
     assert list(record["test/acc_per_class"]) == sorted(CLASSES)
+
+
+def test_one_class_is_refused_before_training(png_dir, tmp_path):
+    import shutil
+
+    for split in ("train", "test"):
+        for folder in sorted((png_dir / split).iterdir())[1:]:
+            shutil.rmtree(folder)
+    with pytest.raises(DataError, match="has 1 class folder"):
+        ready(png_dir, tmp_path)

@@ -78,10 +78,35 @@ def test_augmented_cifar10_resumes_exactly(cifar10_dir, tmp_path):
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
 
 
-def test_sigterm_while_testing_is_reported_not_hidden(mnist_dir, tmp_path):
+@pytest.mark.parametrize("eval_batch_size", ["1000", "20"])  # the test's last batch, or one before it
+def test_sigterm_while_testing_is_reported_not_hidden(eval_batch_size, mnist_dir, tmp_path):
     proc = run_process([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.callbacks+=probes.SignalAt",
-                        "--trainer.callbacks.step=-1"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    assert proc.returncode == 143 and "stopped by SIGTERM while testing" in proc.stderr
+                        "--trainer.callbacks.step=-1", "--data.eval_batch_size", eval_batch_size], cwd=tmp_path,
+                       env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert proc.returncode == 143 and "stopped by SIGTERM while testing" in proc.stderr.strip().splitlines()[-1]
+    assert not (runs(tmp_path)[0] / "results.json").exists()
+
+
+@pytest.mark.parametrize("command, step, said", [
+    ("test", -1, "while testing"), ("validate", -2, "while validating"), ("predict", -3, "while predicting")])
+def test_sigterm_stops_every_use_command_with_a_true_line(command, step, said, trained, tmp_path):
+    proc = run_process([command, "--ckpt_path", str(trained.run), "--data.eval_batch_size", "20",
+                        "--trainer.callbacks+=probes.SignalAt", f"--trainer.callbacks.step={step}"],
+                       cwd=trained.cwd, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 143 and said in last and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert not list(trained.run.glob("predictions-*.csv"))
+
+
+def test_sigterm_during_validation_saves_where_it_stopped_and_resumes_exactly(mnist_dir, tmp_path, unbroken):
+    args = [*BASE, "--data.data_dir", str(mnist_dir)]
+    stopped = run_process(args + ["--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=-2"],
+                          cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert stopped.returncode == 143 and "saved" in stopped.stderr.strip().splitlines()[-1], stopped.stderr[-1500:]
+    assert torch.load(runs(tmp_path)[0] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    assert run_process(args + ["--ckpt_path", "last"], cwd=tmp_path).returncode == 0
+    mine, theirs = weights(runs(tmp_path)[0]), weights(unbroken((), mnist_dir))
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
 def test_a_diverging_loss_stops_in_one_line_and_no_checkpoint_holds_it(mnist_dir, tmp_path, monkeypatch, capsys):
@@ -226,3 +251,29 @@ def test_many_epochs_with_the_default_logger_do_not_grow_memory(mnist_dir, tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(scalars(runs(tmp_path)[0])["val/acc"]) == 150  # TensorBoard got every epoch
     assert float((tmp_path / "memory.txt").read_text()) < 8
+
+
+def test_damaged_or_diverged_checkpoints_are_refused_in_one_line(trained, tmp_path, monkeypatch, capsys):
+    good = trained.run / "checkpoints" / "last.ckpt"
+    flipped = bytearray(good.read_bytes())
+    flipped[len(flipped) // 2:len(flipped) // 2 + 64] = bytes(64)  # inside the weights: the zip still opens
+    (tmp_path / "flipped.ckpt").write_bytes(flipped)
+    contents = torch.load(good, weights_only=True)
+    contents["state_dict"]["net.fc1.weight"][0, 0] = float("nan")
+    torch.save(contents, tmp_path / "nan.ckpt")
+    contents = torch.load(good, weights_only=True) | {"pytorch-lightning_version": "edited"}
+    torch.save(contents, tmp_path / "version.ckpt")
+    monkeypatch.chdir(trained.cwd)
+    for name, said in (("flipped", "is damaged"), ("nan", "holds NaN or infinite weights"),
+                       ("version", "no valid pytorch-lightning_version")):
+        for command in ("test", "export"):
+            assert run_train([command, "--ckpt_path", str(tmp_path / f"{name}.ckpt")]) == 1, (name, command)
+            assert said in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not list(tmp_path.glob("*.onnx"))
+
+
+def test_an_optimizers_own_refusal_is_one_line(mnist_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["--data.data_dir", str(mnist_dir), "--model.lr", "null", "--model.optimizer.lr", "-1"]
+    assert run_train([*BASE, *args]) == 1
+    assert "--model.optimizer: Invalid learning rate: -1.0" in capsys.readouterr().err.strip().splitlines()[-1]
