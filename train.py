@@ -516,7 +516,8 @@ def run(argv: list[str]) -> dict:
     kwargs = {}
     if spec is not None:
         path = find_checkpoint(spec, "last", option(rest, "--trainer.default_root_dir")[0]).resolve()
-        missing = [key for key in ("optimizer_states", "lr_schedulers", "loops") if key not in read_checkpoint(path)]
+        contents = read_checkpoint(path)
+        missing = [key for key in ("optimizer_states", "lr_schedulers", "loops") if key not in contents]
         if missing:
             raise ModelError(f"{path} cannot resume training: it has no {', '.join(missing)} (weights only?); "
                              f"test, predict or export it, or start a new run")
@@ -533,7 +534,13 @@ def run(argv: list[str]) -> dict:
         if logger:  # the run's logger would start a new version: go on in the run's own directory instead
             rest.append(f"--trainer.logger={logger}")
             kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
-    return fit(build(expand(rest), **kwargs))
+    cli = build(expand(rest), **kwargs)
+    done = contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] if spec is not None else 0
+    if spec is not None and cli.trainer.max_epochs not in (None, -1) and done >= cli.trainer.max_epochs:
+        # Nothing would train, and the test would rewrite the finished run's results.json.
+        raise UsageError(f"{path} finished its {done} epochs: give a larger --trainer.max_epochs to train on, or "
+                         f"test it: train.py test --ckpt_path {path}")
+    return fit(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -277,3 +277,11 @@ def test_an_optimizers_own_refusal_is_one_line(mnist_dir, tmp_path, monkeypatch,
     args = ["--data.data_dir", str(mnist_dir), "--model.lr", "null", "--model.optimizer.lr", "-1"]
     assert run_train([*BASE, *args]) == 1
     assert "--model.optimizer: Invalid learning rate: -1.0" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_resuming_a_finished_run_is_refused_and_leaves_its_record(trained, monkeypatch, capsys):
+    monkeypatch.chdir(trained.cwd)
+    before = (trained.run / "results.json").read_text()
+    assert run_train(["--ckpt_path", str(trained.run / "checkpoints" / "last.ckpt")]) == 2
+    assert "finished its 3 epochs" in capsys.readouterr().err
+    assert (trained.run / "results.json").read_text() == before
