@@ -399,7 +399,8 @@ class ImageClassifier(L.LightningModule):
         ours = self.state_dict()
         wrong = sorted(ours.keys() ^ weights.keys()) + [k for k in ours.keys() & weights.keys()
                                                        if ours[k].shape != weights[k].shape]
-        damaged = [k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        damaged = [k for k, v in weights.items() if (k.startswith("net.") or k in ("mean", "std")) and
+                   v.is_floating_point() and not torch.isfinite(v).all()]  # (no validation: val_acc_best is -inf)
         if damaged:
             raise ModelError(f"the checkpoint holds NaN or infinite weights ({', '.join(damaged[:4])}): it is "
                              f"damaged, or saved from a diverged run; use another")

@@ -95,6 +95,7 @@ def test_a_run_without_validation_trains_on_everything_and_tests_the_last_weight
     assert record["global_step"] == 2 * (600 // 64) and record["val/acc_best"] is None
     assert record["checkpoint"].endswith("last.ckpt")
     assert record["test/acc"] > 0.5
+    assert run_train(["test", "--ckpt_path", "best"]) == 0  # its last weights (no val/acc_best: -inf)
 
 
 @pytest.mark.parametrize("flag, value, names", [
