@@ -38,12 +38,15 @@ class FullDisk(TorchCheckpointIO):
 
 
 class SaveWeights(L.Callback):
-    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the working directory."""
+    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the working directory, and
+    the class name of the cluster environment Lightning chose: environment-rank<N>.txt."""
 
     def on_train_end(self, trainer, pl_module):
         import torch
 
         torch.save(pl_module.state_dict(), f"weights-rank{trainer.global_rank}.pt")
+        with open(f"environment-rank{trainer.global_rank}.txt", "w") as f:
+            f.write(type(trainer.strategy.cluster_environment).__name__)
 
 
 class MemoryGrowth(L.Callback):

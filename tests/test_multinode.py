@@ -1,0 +1,74 @@
+"""Two nodes as torchrun starts them: two launches on localhost, one rendezvous, gloo on the CPU."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import QUIET, ROOT, TRAIN, results, run_process, runs, write_mnist
+
+PROBES = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}  # the command lines name probes.* callbacks
+TWO_NODES = ["--model", "mlp", "--data.batch_size", "32", "--trainer.max_epochs", "2", "--model.lr", "0.0003",
+             "--trainer.accelerator", "cpu", "--trainer.num_nodes", "2", "--trainer.devices", "1",
+             "--trainer.strategy", "ddp", *QUIET]  # 8 steps an epoch on each node, a test accuracy short of 1
+
+pytestmark = pytest.mark.slow  # several processes each: seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(args: list[str], cwd, timeout: int = 240) -> list[tuple[int, str]]:
+    """`torchrun --nnodes 2 --nproc_per_node 1 --node_rank R ... train.py ARGS` for R = 0 and 1 at once, in `cwd`, as
+    two machines sharing a file system would run it: each launch's exit code and output (also in cwd/node-R.log)."""
+    port, launches = free_port(), []
+    for rank in (0, 1):
+        log = open(cwd / f"node-{rank}.log", "w")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                   "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", str(port), TRAIN, *args]
+        launches.append((subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True, env={**os.environ, **PROBES}), log))
+    try:
+        codes = [proc.wait(timeout=timeout) for proc, _ in launches]
+    finally:
+        for proc, log in launches:
+            if proc.poll() is None:  # a hang: the launch and its workers
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+    return [(code, (cwd / f"node-{rank}.log").read_text()) for rank, code in enumerate(codes)]
+
+
+def weights(run):
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted two-node fit: its folder (with the data)."""
+    cwd = tmp_path_factory.mktemp("two_nodes")
+    data = write_mnist(cwd / "data")
+    for code, output in two_nodes([*TWO_NODES, "--data.data_dir", str(data), "--trainer.callbacks+=probes.SaveWeights"],
+                                  cwd):
+        assert code == 0, output[-3000:]
+    return cwd
+
+
+def test_two_nodes_train_identical_replicas_each_on_its_share(straight):
+    assert [(straight / f"environment-rank{r}.txt").read_text() for r in (0, 1)] == ["TorchElasticEnvironment"] * 2
+    zero, one = (torch.load(straight / f"weights-rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert all(torch.equal(zero[k], one[k]) for k in zero)
+    (run,) = runs(straight)
+    record = results(run)
+    assert record["global_step"] == 2 * (540 // 2 // 32)  # each node its half of the images
+    assert 0.2 < record["test/acc"] < 1
+    alone = run_process(["test", "--ckpt_path", record["checkpoint"]], cwd=straight, env=PROBES)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert results(runs(straight)[-1])["test/acc"] == record["test/acc"]  # every test image counted once
+
