@@ -1,6 +1,7 @@
 """Two nodes as torchrun starts them: two launches on localhost, one rendezvous, gloo on the CPU."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -71,4 +72,26 @@ def test_two_nodes_train_identical_replicas_each_on_its_share(straight):
     alone = run_process(["test", "--ckpt_path", record["checkpoint"]], cwd=straight, env=PROBES)
     assert alone.returncode == 0, alone.stderr[-2000:]
     assert results(runs(straight)[-1])["test/acc"] == record["test/acc"]  # every test image counted once
+
+
+def test_sigterm_to_one_node_stops_both_with_a_checkpoint_and_the_resumed_run_ends_as_an_unbroken_one(straight,
+                                                                                                      tmp_path):
+    args = [*TWO_NODES, "--data.data_dir", str(straight / "data")]
+    # Node 1's worker sends SIGTERM to its torchrun after step 5, which passes it on to that node's worker only.
+    stop = ["--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=5", "--trainer.callbacks.rank=1",
+            "--trainer.callbacks.parent=true"]
+    nodes = two_nodes(args + stop, tmp_path)
+    saved = []
+    for code, output in nodes:  # each node's worker stops at the same step, and says where it saved
+        assert code != 0
+        saved += re.findall(r"train\.py: error: stopped by SIGTERM in epoch 0 at step \d+; saved (\S+);", output)
+    assert len(saved) == 2 and saved[0] == saved[1], [output[-3000:] for _, output in nodes]
+    assert torch.load(saved[0], weights_only=True)["global_step"] >= 5
+    for code, output in two_nodes(args + ["--ckpt_path", saved[0]], tmp_path):
+        assert code == 0, output[-3000:]
+    (run,), unbroken = runs(tmp_path), runs(straight)[0]  # resumed in its own directory
+    assert results(run)["global_step"] == results(unbroken)["global_step"]
+    assert results(run)["test/acc"] == results(unbroken)["test/acc"]
+    mine, theirs = weights(run), weights(unbroken)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
