@@ -17,6 +17,7 @@ config.yaml (`--config` of it runs it again) and results.json.
 
 import inspect
 import json
+import os
 import random
 import signal
 import sys
@@ -30,6 +31,7 @@ from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -427,6 +429,10 @@ def run(argv: list[str]) -> dict:
         return use(subcommand, args)
     spec, rest = option(args, "--ckpt_path")
     kwargs = {}
+    if spec is None and int(os.environ.get("SLURM_RESTART_COUNT", 0)) and SLURMEnvironment.detect():
+        # A requeued job: Lightning resumes its hpc checkpoint, in the run directory the default logger names by the
+        # job's id, where the job's first config.yaml stays
+        kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
     if spec is not None:
         path = find_checkpoint(spec, prefer="last").resolve()
         missing = [key for key in ("optimizer_states", "lr_schedulers", "loops") if key not in read_checkpoint(path)]

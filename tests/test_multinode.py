@@ -1,4 +1,5 @@
-"""Two nodes as torchrun starts them: two launches on localhost, one rendezvous, gloo on the CPU."""
+"""Two nodes as torchrun starts them (two launches on localhost, one rendezvous, gloo on the CPU), and SLURM's requeue
+with the environment SLURM sets and a stand-in `scontrol`."""
 
 import os
 import re
@@ -95,3 +96,46 @@ def test_sigterm_to_one_node_stops_both_with_a_checkpoint_and_the_resumed_run_en
     mine, theirs = weights(run), weights(unbroken)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
+
+# What an sbatch job's task sees (one task, one node), and SLURM's scontrol: it records the call, and ends the job as
+# SLURM ends one it requeues, with SIGTERM (the caller, Lightning's process, is the job's task here).
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+         "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+         "SLURM_NODELIST": "localhost"}
+SCONTROL = '#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\nkill -TERM "$PPID"\n'
+
+
+def test_slurm_requeue_checkpoints_requeues_and_the_requeued_job_ends_as_an_unbroken_one(mnist_dir, tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text(SCONTROL)
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    env = {**SLURM, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SCONTROL_CALLS": str(tmp_path / "calls"),
+           **PROBES}
+    base = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "3", "--data.data_dir",
+            str(mnist_dir)]  # 8 steps an epoch
+    # The job's command: SIGUSR1 after step 5, as `sbatch --signal=SIGUSR1@90` sends it before the time limit.
+    job = [*base, "--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=5",
+           "--trainer.callbacks.signal_name=SIGUSR1"]
+    (tmp_path / "job").mkdir()
+    stopped = run_process(job, cwd=tmp_path / "job", env=env)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert stopped.stderr.strip().splitlines()[-1].startswith("train.py: error: stopped by SIGTERM in epoch 0")
+    assert (tmp_path / "calls").read_text() == "requeue 4242\n"
+    assert torch.load(tmp_path / "job" / "hpc_ckpt_1.ckpt", weights_only=True)["global_step"] == 5
+    (run,) = runs(tmp_path / "job")
+    assert run.name == "version_4242"  # Lightning's default logger names the run by the job
+    first = (run / "config.yaml").read_text()
+    # Requeued: the same command, in the same job, which SLURM now counts as restarted once.
+    requeued = run_process(job, cwd=tmp_path / "job", env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stderr[-2000:]
+    assert (tmp_path / "calls").read_text() == "requeue 4242\n"  # it went on after step 5: no second signal
+    assert runs(tmp_path / "job") == [run]  # in the job's run directory, its first configuration kept
+    assert (run / "config.yaml").read_text() == first and (run / "config-resumed.yaml").is_file()
+    (tmp_path / "unbroken").mkdir()
+    unbroken = run_process(base, cwd=tmp_path / "unbroken", env=env)
+    assert unbroken.returncode == 0, unbroken.stderr[-2000:]
+    (straight,) = runs(tmp_path / "unbroken")
+    for key in ("global_step", "test/acc", "val/acc_best"):
+        assert results(run)[key] == results(straight)[key]
+    mine, theirs = weights(run), weights(straight)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
