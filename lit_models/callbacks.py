@@ -32,10 +32,9 @@ class LastCheckpoint(ModelCheckpoint):
         if isinstance(exception, SIGTERMException) and trainer.training and not trainer.sanity_checking:
             trainer.save_checkpoint(self.format_checkpoint_name({}))
 
-    # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own processes only)
-    # is noted, and Lightning's handler runs at the end of the step in every process at once. Run where the signal
-    # lands, in the middle of a step, its broadcast meets another collective: the processes hang, until torchrun
-    # kills them if it started them, and nothing is saved (Lightning 2.6.6; docs/multi-node.md).
+    # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own only) is noted,
+    # and Lightning's handler runs in every process at once at a step's end. Run where the signal lands, mid-step,
+    # its broadcast meets another collective: the processes hang and nothing is saved (docs/multi-node.md).
     def on_train_start(self, trainer, pl_module):
         super().on_train_start(trainer, pl_module)
         self.sigterm, self.lightning_sigterm = False, None
