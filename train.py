@@ -18,6 +18,7 @@ config.yaml (`--config` of it runs it again) and results.json.
 import inspect
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -34,6 +35,7 @@ from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from packaging.version import InvalidVersion, Version
@@ -514,6 +516,10 @@ def run(argv: list[str]) -> dict:
         return use(subcommand, args)
     spec, rest = option(args, "--ckpt_path")
     kwargs = {}
+    if spec is None and int(os.environ.get("SLURM_RESTART_COUNT", 0)) and SLURMEnvironment.detect():
+        # A requeued job: Lightning resumes its hpc checkpoint, in the run directory the default logger names by the
+        # job's id, where the job's first config.yaml stays
+        kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
     if spec is not None:
         path = find_checkpoint(spec, "last", option(rest, "--trainer.default_root_dir")[0]).resolve()
         contents = read_checkpoint(path)

@@ -1,6 +1,7 @@
 """Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA."""
 
 import math
+import signal
 import sys
 import time
 
@@ -36,6 +37,23 @@ class LastCheckpoint(ModelCheckpoint):
         if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking:
             trainer.save_checkpoint(self.format_checkpoint_name({}))
             self.saved_on_stop = self.format_checkpoint_name({})
+
+    # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own only) is noted,
+    # and Lightning's handler runs in every process at once at a step's end. Run where the signal lands, mid-step,
+    # its broadcast meets another collective: the processes hang and nothing is saved (docs/multi-node.md).
+    def on_train_start(self, trainer, pl_module):
+        super().on_train_start(trainer, pl_module)
+        self.sigterm, self.lightning_sigterm = False, None
+        if trainer.world_size > 1:
+            self.lightning_sigterm = signal.signal(signal.SIGTERM, self.note_sigterm)
+
+    def note_sigterm(self, signum, frame):
+        self.sigterm = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.lightning_sigterm is not None and trainer.strategy.reduce_boolean_decision(self.sigterm, all=False):
+            self.lightning_sigterm(signal.SIGTERM, None)  # trainer.received_sigterm: Lightning stops after this step
 
 
 class TrainingSpeed(L.Callback):

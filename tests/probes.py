@@ -10,14 +10,16 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 class SignalAt(L.Callback):
     """Sends this process a real signal after optimizer step `step` (or at the start of testing: -1, of a
-    validation: -2, of predicting: -3)."""
+    validation: -2, of predicting: -3).
 
-    def __init__(self, step: int, signal_name: str = "SIGTERM"):
-        self.step, self.signal = step, getattr(signal, signal_name)
+    `rank`: only the process of that global rank sends it; `parent`: to its parent (a node's torchrun) instead."""
+
+    def __init__(self, step: int, signal_name: str = "SIGTERM", rank: int | None = None, parent: bool = False):
+        self.step, self.signal, self.rank, self.parent = step, getattr(signal, signal_name), rank, parent
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signal)
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+            os.kill(os.getppid() if self.parent else os.getpid(), self.signal)
 
     def on_test_start(self, trainer, pl_module):
         if self.step == -1:
@@ -47,12 +49,15 @@ class FullDisk(TorchCheckpointIO):
 
 
 class SaveWeights(L.Callback):
-    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the working directory."""
+    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the working directory, and
+    the class name of the cluster environment Lightning chose: environment-rank<N>.txt."""
 
     def on_train_end(self, trainer, pl_module):
         import torch
 
         torch.save(pl_module.state_dict(), f"weights-rank{trainer.global_rank}.pt")
+        with open(f"environment-rank{trainer.global_rank}.txt", "w") as f:
+            f.write(type(trainer.strategy.cluster_environment).__name__)
 
 
 class MemoryGrowth(L.Callback):
