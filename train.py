@@ -220,8 +220,8 @@ def read_checkpoint(path: Path) -> dict:
         raise UsageError(f"--ckpt_path {path}: no such checkpoint file")
     try:  # torch's reader skips the zip's checksums: a damaged file would load
         damaged = zipfile.ZipFile(path).testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        damaged = type(e).__name__
+    except (zipfile.BadZipFile, OSError, EOFError):  # not a whole zip: torch.load below says so
+        damaged = None
     if damaged:
         raise ModelError(f"checkpoint {path} is damaged ({damaged} fails its check) or not a checkpoint")
     try:
@@ -233,13 +233,13 @@ def read_checkpoint(path: Path) -> dict:
     if isinstance(hparams, dict) and "arch" in hparams:
         raise ModelError(f"{path} was saved by an earlier version of this project (--model.arch, now --model.net): "
                          f"train it again")
+    if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
+        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no net among its "
+                         f"hyperparameters)")
     try:
         Version(contents["pytorch-lightning_version"])  # what Lightning's loading reads first
     except (KeyError, TypeError, InvalidVersion):
         raise ModelError(f"{path} has no valid pytorch-lightning_version: it was edited or is damaged") from None
-    if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
-        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no net among its "
-                         f"hyperparameters)")
     return contents
 
 
@@ -543,9 +543,11 @@ def run(argv: list[str]) -> dict:
     cli = build(expand(rest), **kwargs)
     done = contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] if spec is not None else 0
     if spec is not None and cli.trainer.max_epochs not in (None, -1) and done >= cli.trainer.max_epochs:
-        # Nothing would train, and the test would rewrite the finished run's results.json.
-        raise UsageError(f"{path} finished its {done} epochs: give a larger --trainer.max_epochs to train on, or "
-                         f"test it: train.py test --ckpt_path {path}")
+        # As Lightning's fit of it would: nothing to train. And no test after it, to rewrite the run's results.json.
+        cli.model.check_weights(contents["state_dict"])
+        print(f"{path} finished its {done} epochs: nothing to train (a larger --trainer.max_epochs trains on; "
+              f"train.py test --ckpt_path {path} tests it again)", file=sys.stderr)
+        return {}
     return fit(cli)
 
 
