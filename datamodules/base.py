@@ -52,9 +52,8 @@ def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
     channels, step = images.shape[1], max(1, (1 << 24) // math.prod(images.shape[1:]))  # parts of 16 MB
     counts = torch.zeros(channels, 256, dtype=torch.float64)
     for rows in torch.arange(len(images), device=images.device).split(step):
-        part = images.index_select(0, rows)  # of a tensor or DiskImages
-        values = part.transpose(0, 1).reshape(channels, -1).long().cpu() + 256 * torch.arange(channels)[:, None]
-        counts += torch.bincount(values.flatten(), minlength=256 * channels).view(channels, 256)
+        values = images.index_select(0, rows).transpose(0, 1).reshape(channels, -1).cpu()  # a tensor or DiskImages
+        counts += torch.stack([torch.bincount(v, minlength=256) for v in values])  # of uint8: no wider copy
     levels = torch.arange(256, dtype=torch.float64) / 255
     mean = (counts * levels).sum(1) / counts.sum(1)
     var = (counts * levels.square()).sum(1) / counts.sum(1) - mean.square()
