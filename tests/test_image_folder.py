@@ -148,6 +148,50 @@ def test_worker_processes_decode_the_same_pixels(tmp_path):
     assert torch.equal(dm.read("train")[0], alone) and dm.read("train")[1].tolist() == labels
 
 
+@pytest.mark.slow
+def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
+    """3.2 GB of decoded images (10,500 JPEGs of 320x320, a few distinct files' bytes written again and again, as
+    decoding costs the same) train with `--data.in_memory false` in a process whose peak RSS stays under half."""
+    import io
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    from conftest import QUIET, ROOT, TRAIN
+
+    root, n, size = tmp_path / "big", 10_500, 320
+    try:
+        for k, name in enumerate(CLASSES):
+            image = Image.new("RGB", (size, size), (60 * k, 90, 200 - 40 * k))
+            image.paste((230, 230, 230), (k * size // 4, 0, (k + 1) * size // 4, size // 4))
+            image.save(jpeg := io.BytesIO(), "JPEG", quality=90)
+            for split, count in (("train", n // 4), ("test", 16)):
+                (root / split / name).mkdir(parents=True)
+                for i in range(count):
+                    (root / split / name / f"{i:05d}.jpg").write_bytes(jpeg.getvalue())
+        decoded = (n + 4 * 16) * 3 * size * size
+        args = ["--model", "quick_cnn", "--model.net.channels", "[6, 16, 16]", "--data", "image_folder",
+                "--data.root", str(root), "--data.data_dir", str(tmp_path / "data"), "--data.in_memory", "false",
+                "--data.batch_size", "8", "--data.eval_batch_size", "8", "--trainer.limit_train_batches", "20",
+                "--trainer.limit_test_batches", "2", *QUIET]
+        with open(tmp_path / "output.txt", "wb") as output:
+            process = subprocess.Popen([sys.executable, TRAIN, *args], cwd=tmp_path, stdout=output,
+                                       stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        timer = threading.Timer(400, process.kill)
+        timer.start()
+        _, status, usage = os.wait4(process.pid, 0)  # Popen.wait would not give this process's own peak
+        timer.cancel()
+        assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "output.txt").read_text()[-3000:]
+        (cache,) = (tmp_path / "data" / "cache").glob("*-train-*.npy")
+        assert np.load(cache, mmap_mode="r").shape == (n, 3, size, size)  # the whole folder, decoded once
+        assert results(runs(tmp_path)[0])["test/acc"] is not None
+        peak = usage.ru_maxrss * 1024  # kB on Linux: of the process and the decoding workers it waited for
+        assert peak < decoded / 2, f"peak RSS {peak / 1e9:.2f} GB for {decoded / 1e9:.2f} GB of images"
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)  # not kept as pytest keeps its last runs: it is gigabytes
+
+
 def test_a_link_loop_and_links_to_other_classes_add_nothing(png_dir, tmp_path):
     plain = ready(png_dir, tmp_path).files("train")[1]
     (png_dir / "train" / "cat" / "up").symlink_to("..")  # a loop: os.walk(followlinks=True) reads cat again and again
@@ -247,47 +291,3 @@ def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
     record = results(runs(tmp_path)[0])
     assert record["data"] == "image_folder" and record["test/acc"] is not None
     assert list(record["test/acc_per_class"]) == sorted(CLASSES)
-
-
-@pytest.mark.slow
-def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
-    """3.2 GB of decoded images (10,500 JPEGs of 320x320, a few distinct files' bytes written again and again, as
-    decoding costs the same) train with `--data.in_memory false` in a process whose peak RSS stays under half."""
-    import io
-    import shutil
-    import subprocess
-    import sys
-    import threading
-
-    from conftest import QUIET, ROOT, TRAIN
-
-    root, n, size = tmp_path / "big", 10_500, 320
-    try:
-        for k, name in enumerate(CLASSES):
-            image = Image.new("RGB", (size, size), (60 * k, 90, 200 - 40 * k))
-            image.paste((230, 230, 230), (k * size // 4, 0, (k + 1) * size // 4, size // 4))
-            image.save(jpeg := io.BytesIO(), "JPEG", quality=90)
-            for split, count in (("train", n // 4), ("test", 16)):
-                (root / split / name).mkdir(parents=True)
-                for i in range(count):
-                    (root / split / name / f"{i:05d}.jpg").write_bytes(jpeg.getvalue())
-        decoded = (n + 4 * 16) * 3 * size * size
-        args = ["--model", "quick_cnn", "--model.net.channels", "[6, 16, 16]", "--data", "image_folder",
-                "--data.root", str(root), "--data.data_dir", str(tmp_path / "data"), "--data.in_memory", "false",
-                "--data.batch_size", "8", "--data.eval_batch_size", "8", "--trainer.limit_train_batches", "20",
-                "--trainer.limit_test_batches", "2", *QUIET]
-        with open(tmp_path / "output.txt", "wb") as output:
-            process = subprocess.Popen([sys.executable, TRAIN, *args], cwd=tmp_path, stdout=output,
-                                       stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        timer = threading.Timer(400, process.kill)
-        timer.start()
-        _, status, usage = os.wait4(process.pid, 0)  # Popen.wait would not give this process's own peak
-        timer.cancel()
-        assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "output.txt").read_text()[-3000:]
-        (cache,) = (tmp_path / "data" / "cache").glob("*-train-*.npy")
-        assert np.load(cache, mmap_mode="r").shape == (n, 3, size, size)  # the whole folder, decoded once
-        assert results(runs(tmp_path)[0])["test/acc"] is not None
-        peak = usage.ru_maxrss * 1024  # kB on Linux: of the process and the decoding workers it waited for
-        assert peak < decoded / 2, f"peak RSS {peak / 1e9:.2f} GB for {decoded / 1e9:.2f} GB of images"
-    finally:
-        shutil.rmtree(tmp_path, ignore_errors=True)  # not kept as pytest keeps its last runs: it is gigabytes
