@@ -68,10 +68,12 @@ def child(args) -> dict:
     """One measurement in this process: ready time, an epoch's images/s, peak RSS."""
     import torch
 
-    start = time.perf_counter()
     if args.child.startswith("litdata"):
         from litdata import StreamingDataLoader, StreamingDataset
-
+    else:
+        import datamodules  # noqa: F401  (imported before the clock starts, as litdata is)
+    start = time.perf_counter()
+    if args.child.startswith("litdata"):
         dataset = StreamingDataset(str(args.work / "litdata"), shuffle=args.child == "litdata-loader", seed=0)
         if args.child == "litdata-loader":
             batches = StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=2, drop_last=True)

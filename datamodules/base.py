@@ -139,10 +139,10 @@ class DeviceBatches:
 
 
 class DiskImages:
-    """uint8 images (N, C, H, W) in a file, from byte `offset` on, for data larger than memory: what DeviceBatches
-    needs of a tensor. `images[rows]` and `to(device)` are views (nothing is read); `index_select(0, index)` reads
-    those images onto the view's device, one read each. Reads, not a memory map: a map's pages count as the
-    process's memory until the kernel takes them back."""
+    """uint8 images (N, C, H, W) in a file from byte `offset` on (`--data.in_memory false`): what DeviceBatches needs
+    of a tensor. `images[rows]` and `to(device)` are views (nothing is read); `index_select(0, index)` reads those
+    images onto the view's device, one read each. Reads, not a memory map: a map's pages count as the process's
+    memory until the kernel takes them back."""
 
     def __init__(self, path, shape: tuple[int, ...], offset: int = 0, rows: Optional[torch.Tensor] = None,
                  device="cpu"):

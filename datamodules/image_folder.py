@@ -40,7 +40,7 @@ class ImageFolderDataModule(ImageDataModule):
     off train validate). The classes are the sorted folder names of DIR/train (hidden ones skipped); test and val
     must have the same. Subfolders of a class folder belong to it; links are followed, each real file read once.
     Files are decoded by `datamodules.images` (also used to predict files), once, by every core, into a uint8
-    cache in `data_dir/cache/` (not in DIR), rebuilt when a file is added, removed or changed.
+    cache in `data_dir/cache/` (a .npy file, not in DIR), rebuilt when a file is added, removed or changed.
 
     Args:
         root: the folder holding train/ and test/.
@@ -136,7 +136,7 @@ class ImageFolderDataModule(ImageDataModule):
             self._decode(split, files, file := io.BytesIO())
             file.seek(0)
             return torch.from_numpy(np.load(file)), torch.tensor(labels)
-        for old in set(cache.glob(f"{stem}*")) - {path}:  # decoded from the files as they were, or .pt of old
+        for old in set(cache.glob(f"{stem}*")) - {path}:  # of the files as they were, or an earlier .pt
             old.unlink()
         return self._images(path), torch.tensor(labels)
 
