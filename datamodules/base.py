@@ -49,11 +49,11 @@ def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
 def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
     """Per-channel mean and standard deviation of uint8 images (N, C, H, W), on the 0..1 scale, exactly (from a
     256-bin histogram per channel, in float64)."""
-    channels = images.shape[1]
+    channels, step = images.shape[1], max(1, (1 << 24) // math.prod(images.shape[1:]))  # parts of 16 MB
     counts = torch.zeros(channels, 256, dtype=torch.float64)
-    for part in images.split(4096):
-        values = part.transpose(0, 1).reshape(channels, -1).long().cpu() + 256 * torch.arange(channels)[:, None]
-        counts += torch.bincount(values.flatten(), minlength=256 * channels).view(channels, 256)
+    for rows in torch.arange(len(images), device=images.device).split(step):
+        values = images.index_select(0, rows).transpose(0, 1).reshape(channels, -1).cpu()  # a tensor or DiskImages
+        counts += torch.stack([torch.bincount(v, minlength=256) for v in values])  # of uint8: no wider copy
     levels = torch.arange(256, dtype=torch.float64) / 255
     mean = (counts * levels).sum(1) / counts.sum(1)
     var = (counts * levels.square()).sum(1) / counts.sum(1) - mean.square()
@@ -71,7 +71,8 @@ class DeviceBatches:
     the ranks take disjoint contiguous parts, and every image is seen exactly once.
 
     It is resumable as Lightning asks (`state_dict`/`load_state_dict`): the epoch and the batches it yielded, so a
-    run resumed mid-epoch trains exactly the batches it would have.
+    run resumed mid-epoch trains exactly the batches it would have. `images` may be DiskImages: the same batches,
+    each read from disk onto its device.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, train: bool = False,
@@ -135,6 +136,36 @@ class DeviceBatches:
                 images = images.float().div_(255)
             self.yielded = i + 1
             yield images, self.labels.index_select(0, index)
+
+
+class DiskImages:
+    """uint8 images (N, C, H, W) in a file from byte `offset` on (`--data.in_memory false`): what DeviceBatches needs
+    of a tensor. `images[rows]` and `to(device)` are views (nothing is read); `index_select(0, index)` reads those
+    images onto the view's device, one read each. Reads, not a memory map: a map's pages count as the process's
+    memory until the kernel takes them back."""
+
+    def __init__(self, path, shape: tuple[int, ...], offset: int = 0, rows: Optional[torch.Tensor] = None,
+                 device="cpu"):
+        self.path, self.offset, self.device = str(path), offset, torch.device(device)
+        self.rows = torch.arange(shape[0]) if rows is None else rows
+        self.shape = (len(self.rows), *shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, rows) -> "DiskImages":
+        return DiskImages(self.path, self.shape, self.offset, self.rows[rows], self.device)
+
+    def to(self, device) -> "DiskImages":
+        return DiskImages(self.path, self.shape, self.offset, self.rows, device)
+
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        images = torch.empty(len(index), *self.shape[1:], dtype=torch.uint8)
+        with open(self.path, "rb", buffering=0) as file:
+            for image, row in zip(images.numpy(), self.rows[index.cpu()].tolist()):
+                file.seek(self.offset + row * image.nbytes)
+                file.readinto(image)
+        return images.to(self.device)
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -232,7 +263,7 @@ class ImageDataModule(L.LightningDataModule):
                     raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} training images to train")
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
                 parts = {"train": order[size:]} if self.has_val_split else {"train": order[size:], "val": order[:size]}
-                parts = {name: (images.index_select(0, i), labels.index_select(0, i)) for name, i in parts.items()}
+                parts = {name: (images[i], labels.index_select(0, i)) for name, i in parts.items()}
             self.splits.update(parts)
         # Read before a trainer is attached (the statistics the model takes when it is built) it stays in host
         # memory until then, and moves to the training device once.

@@ -1,32 +1,36 @@
 """Your own images: a folder with train/<class>/, test/<class>/ and optionally val/<class>/ image files."""
 
+import contextlib
 import hashlib
+import io
+import math
 import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional, Union
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from datamodules.base import DataError, ImageDataModule
+from datamodules.base import DataError, DiskImages, ImageDataModule
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
 
 
-def decode_files(paths: list[Path], channels: int, size: Optional[tuple[int, int]]) -> torch.Tensor:
-    """Image files as one uint8 tensor (N, C, H, W), decoded by DataLoader worker processes on every core;
+def decode_files(paths: list[Path], channels: int, size: Optional[tuple[int, int]]) -> Iterator[torch.Tensor]:
+    """Image files as uint8 batches (n, C, H, W), in order, decoded by DataLoader worker processes on every core;
     a DataError naming the first file that cannot be read, or whose size differs."""
-    parts = []
+    shape = None
     for b, (images, errors) in enumerate(ImageFiles(paths, channels, size).loader(batch_size=256)):
         if errors:
             i, error = next(iter(errors.items()))
             raise DataError(f"cannot read the image {paths[b * 256 + i]} ({error}); replace or remove it")
-        if isinstance(images, list) or (parts and images.shape[1:] != parts[0].shape[1:]):
+        if isinstance(images, list) or images.shape[1:] != (shape or images.shape[1:]):
             raise DataError(f"the images in {paths[0].parent.parent} are not all of one size; pass "
                             f"--data.image_size N to resize every image to NxN")
-        parts.append(images)
-    return torch.cat(parts)
+        shape = images.shape[1:]
+        yield images
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -36,13 +40,15 @@ class ImageFolderDataModule(ImageDataModule):
     off train validate). The classes are the sorted folder names of DIR/train (hidden ones skipped); test and val
     must have the same. Subfolders of a class folder belong to it; links are followed, each real file read once.
     Files are decoded by `datamodules.images` (also used to predict files), once, by every core, into a uint8
-    cache in `data_dir/cache/` (not in DIR), rebuilt when a file is added, removed or changed.
+    cache in `data_dir/cache/` (a .npy file, not in DIR), rebuilt when a file is added, removed or changed.
 
     Args:
         root: the folder holding train/ and test/.
         image_size: resize every image to image_size x image_size (the shorter side, then a centre crop); needed
             when the images differ in size.
         channels: 1 (grey) or 3 (RGB); by default 1 if every training image is grey, else 3.
+        in_memory: read a split's cache into memory (true), or each batch from it (false: data larger than memory,
+            `base.DiskImages`); auto: in memory when it takes at most a quarter of the machine's memory.
 
     No augmentation by default (only you know whether a mirrored image is the same class). The other arguments
     are ImageDataModule's.
@@ -51,10 +57,10 @@ class ImageFolderDataModule(ImageDataModule):
     name = "image_folder"
 
     def __init__(self, root: str, image_size: Optional[int] = None, channels: Optional[Literal[1, 3]] = None,
-                 **kwargs):
+                 in_memory: Union[bool, Literal["auto"]] = "auto", **kwargs):
         super().__init__(**kwargs)
         self.root = Path(root).expanduser().resolve()
-        self.image_size, self.channels = image_size, channels
+        self.image_size, self.channels, self.in_memory = image_size, channels, in_memory
         self._decoded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._files: dict[str, list[list[Path]]] = {}
 
@@ -115,33 +121,58 @@ class ImageFolderDataModule(ImageDataModule):
     def _read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         files, labels = self.files(split)
         stats = [(str(f), *((st.st_size, st.st_mtime_ns) if (st := _stat(f)) else ())) for f in files]
-        key = hashlib.sha1(repr((1, split, self.image_size, self.channels, stats)).encode()).hexdigest()
+        key = hashlib.sha1(repr((2, split, self.image_size, self.channels, stats)).encode()).hexdigest()
         settings = hashlib.sha1(repr((str(self.root), self.image_size, self.channels)).encode()).hexdigest()[:10]
-        path = Path(self.data_dir).expanduser() / "cache" / f"image_folder-{self.root.name}-{settings}-{split}.pt"
+        cache, stem = Path(self.data_dir).expanduser() / "cache", f"image_folder-{self.root.name}-{settings}-{split}"
+        path = cache / f"{stem}-{key[:16]}.npy"  # numpy's format, named after what it was decoded from
         try:
-            cached = torch.load(path, weights_only=True, mmap=True)
-            if cached["key"] == key:
-                return cached["images"], cached["labels"]
-        except Exception:  # none yet, or stale, truncated or foreign: decode again
+            return self._images(path), torch.tensor(labels)
+        except (OSError, ValueError):  # none yet, or not whole: decode again
             pass
-        images = self._decode(split, files)
-        labels = torch.tensor(labels)
-        _save({"key": key, "images": images, "labels": labels}, path)
-        return images, labels
+        try:
+            with _replacing(path) as file:
+                self._decode(split, files, file)
+        except OSError as e:
+            warnings.warn(f"could not write the image cache {path} ({e}); decoding again next run")
+            self._decode(split, files, file := io.BytesIO())
+            file.seek(0)
+            return torch.from_numpy(np.load(file)), torch.tensor(labels)
+        for old in set(cache.glob(f"{stem}*")) - {path}:  # of the files as they were, or an earlier .pt
+            old.unlink()
+        return self._images(path), torch.tensor(labels)
 
-    def _decode(self, split: str, files: list[Path]) -> torch.Tensor:
+    def _images(self, path: Path):
+        images = np.load(path, mmap_mode="r")  # its header: nothing read
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if self.in_memory is True or (self.in_memory == "auto" and 4 * images.nbytes <= memory):
+            return torch.from_numpy(np.load(path))
+        return DiskImages(path, images.shape, images.offset)
+
+    def _decode(self, split: str, files: list[Path], file) -> None:
+        """Decode `files` into `file` as a .npy array (N, C, H, W), a batch at a time."""
         rank_zero_info(f"Decoding the {len(files):,} images in {self.root / split} (cached for later runs)")
         size = (self.image_size, self.image_size) if self.image_size else None
-        if split == "train":
-            images = decode_files(files, self.channels or 3, size)
-            grey = self.channels is None and all((part[:, :1] == part).all() for part in images.split(4096))
-            return images[:, :1].contiguous() if grey else images
-        channels, height, width = self.image_shape  # the other splits follow the training images
-        images = decode_files(files, channels, size)
-        if images.shape[2:] != (height, width):
-            raise DataError(f"the images in {self.root / split} are {images.shape[3]}x{images.shape[2]}, the training "
-                            f"images {width}x{height}; pass --data.image_size N to resize every image to NxN")
-        return images
+        grey, header = split == "train" and self.channels is None, {"descr": "|u1", "fortran_order": False}
+        channels, height, width = (self.channels or 3, 0, 0) if split == "train" else self.image_shape
+        for images in decode_files(files, channels, size):
+            if not file.tell():  # the first batch: decode_files checks that the others are of its size
+                shape = (len(files), *images.shape[1:])
+                if height and shape[2:] != (height, width):  # the other splits follow the training images
+                    raise DataError(f"the images in {self.root / split} are {shape[3]}x{shape[2]}, the training "
+                                    f"images {width}x{height}; pass --data.image_size N to resize every image to NxN")
+                np.lib.format.write_array_header_1_0(file, {**header, "shape": shape})
+            grey = grey and bool((images[:, :1] == images).all())
+            file.write(images.numpy().data)
+        if grey:  # one channel: each image's first plane moved down in place, over planes already moved or read
+            file.seek(0)
+            np.lib.format.write_array_header_1_0(file, {**header, "shape": (len(files), 1, *shape[2:])})  # as long
+            start, plane = file.tell(), math.prod(shape[2:])
+            for i in range(len(files)):
+                file.seek(start + 3 * i * plane)
+                first = file.read(plane)
+                file.seek(start + i * plane)
+                file.write(first)
+            file.truncate(start + len(files) * plane)
 
 
 def _stat(path: Path):
@@ -151,18 +182,16 @@ def _stat(path: Path):
         return None
 
 
-def _save(cached: dict, path: Path) -> None:
-    """Write the cache through a temporary file renamed into place: a reader never sees half of one. A cache
-    that cannot be written is a warning, and no temporary file is left behind."""
-    tmp = None
+@contextlib.contextmanager
+def _replacing(path: Path):
+    """A file to write `path` through, renamed into place once the block has written it all: a reader never sees
+    half of one, a killed run leaves none, and an error leaves no temporary file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    file = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as file:
-            tmp = Path(file.name)
-            torch.save(cached, file)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        warnings.warn(f"could not write the image cache {path} ({e}); decoding again next run")
+        with file:
+            yield file
+        os.replace(file.name, path)
     finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
+        Path(file.name).unlink(missing_ok=True)
+

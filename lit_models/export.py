@@ -174,7 +174,7 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
         raise ModelError("export needs an output file or the checkpoint to name it after")
     target = Path(output).expanduser() if output else new_file(checkpoint.parent.parent, checkpoint.stem, FORMATS[fmt])
     data.setup("test")
-    images = data.test_dataloader().images[:256].cpu()
+    images = (test := data.test_dataloader()).images.index_select(0, test.indices[:256]).cpu()  # DiskImages too
     model = model.cpu().eval()
     expected = model.classify(images).numpy()
     servable = Servable(model).eval()

@@ -12,6 +12,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 from datamodules import DataError, ImageFolderDataModule, image_folder
+from datamodules.base import DeviceBatches, DiskImages
 from datamodules.images import ImageFiles, decode
 
 CLASSES = ["zebra", "ant", "moth", "cat"]  # written in this order; numbered sorted, as ImageFolder does
@@ -74,8 +75,10 @@ def test_a_val_folder_is_the_validation_set(tmp_path):
 
 def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(png_dir, tmp_path, monkeypatch):
     first = ready(png_dir, tmp_path)
-    assert list((tmp_path / "data" / "cache").glob("image_folder-images-*-train.pt"))
-    assert not list(png_dir.rglob("*.pt"))  # the folder itself is left alone
+    cache = tmp_path / "data" / "cache"
+    (train,) = cache.glob("image_folder-images-*-train-*.npy")
+    assert torch.equal(torch.from_numpy(np.load(train)), first.read("train")[0])  # numpy's own format
+    assert not list(png_dir.rglob("*.npy"))  # the folder itself is left alone
     decoded = []
     real = image_folder.decode_files
     monkeypatch.setattr(image_folder, "decode_files", lambda *a: decoded.append(a) or real(*a))
@@ -84,6 +87,37 @@ def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(png_d
     Image.new("RGB", (16, 16), "red").save(png_dir / "test" / "cat" / "0000.png")
     third = ready(png_dir, tmp_path)
     assert len(decoded) == 1 and not torch.equal(third.splits["test"][0], first.splits["test"][0])
+    assert len(list(cache.glob("*-test-*.npy"))) == 1  # the one of the files as they were is gone
+    with open(train, "r+b") as file:  # as a run killed while writing would have left it, were it not renamed
+        file.truncate(train.stat().st_size - 100)
+    assert torch.equal(ready(png_dir, tmp_path).read("train")[0], first.read("train")[0]) and len(decoded) == 2
+    assert sorted(p.name for p in cache.iterdir()) == sorted(p.name for p in cache.glob("*.npy"))  # no temporary
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_batches_from_disk_are_those_from_memory_and_resume_exactly(channels, tmp_path):
+    write_folder(tmp_path / "f", channels=channels)
+    options = {"crop_padding": 2, "flip": True, "batch_size": 16, "eval_batch_size": 7}
+    memory, disk = (ready(tmp_path / "f", tmp_path, in_memory=where, **options) for where in (True, False))
+    assert isinstance(disk.read("train")[0], DiskImages) and not isinstance(memory.read("train")[0], DiskImages)
+    assert disk.image_shape == memory.image_shape == (channels, 16, 16) and disk.std == memory.std
+
+    def same(a, b):
+        return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q))
+
+    whole = list(memory.train_dataloader())
+    assert same(list(disk.train_dataloader()), whole)
+    assert same(list(disk.val_dataloader()), list(memory.val_dataloader()))
+    assert same(list(disk.test_dataloader()), list(memory.test_dataloader()))
+    for rank in (0, 1):  # DDP: each rank's share
+        shards = [DeviceBatches(*dm.splits["train"], 16, train=True, flip=True, seed=3, rank=rank, world_size=2)
+                  for dm in (memory, disk)]
+        assert same(*map(list, shards))
+    stopped = iter(disk.train_dataloader())
+    next(stopped), next(stopped), next(stopped)
+    resumed = ready(tmp_path / "f", tmp_path, in_memory=False, **options)
+    resumed.load_state_dict(disk.state_dict())
+    assert same(list(resumed.train_dataloader()), whole[3:])
 
 
 def test_unwritable_cache_is_a_warning_not_an_error(png_dir, tmp_path):
@@ -112,6 +146,50 @@ def test_worker_processes_decode_the_same_pixels(tmp_path):
     files, labels = dm.files("train")
     alone = torch.stack([ImageFiles(files, 3, None)[i][0] for i in range(len(files))])
     assert torch.equal(dm.read("train")[0], alone) and dm.read("train")[1].tolist() == labels
+
+
+@pytest.mark.slow
+def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
+    """3.2 GB of decoded images (10,500 JPEGs of 320x320, a few distinct files' bytes written again and again, as
+    decoding costs the same) train with `--data.in_memory false` in a process whose peak RSS stays under half."""
+    import io
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    from conftest import QUIET, ROOT, TRAIN
+
+    root, n, size = tmp_path / "big", 10_500, 320
+    try:
+        for k, name in enumerate(CLASSES):
+            image = Image.new("RGB", (size, size), (60 * k, 90, 200 - 40 * k))
+            image.paste((230, 230, 230), (k * size // 4, 0, (k + 1) * size // 4, size // 4))
+            image.save(jpeg := io.BytesIO(), "JPEG", quality=90)
+            for split, count in (("train", n // 4), ("test", 16)):
+                (root / split / name).mkdir(parents=True)
+                for i in range(count):
+                    (root / split / name / f"{i:05d}.jpg").write_bytes(jpeg.getvalue())
+        decoded = (n + 4 * 16) * 3 * size * size
+        args = ["--model", "quick_cnn", "--model.net.channels", "[6, 16, 16]", "--data", "image_folder",
+                "--data.root", str(root), "--data.data_dir", str(tmp_path / "data"), "--data.in_memory", "false",
+                "--data.batch_size", "8", "--data.eval_batch_size", "8", "--trainer.limit_train_batches", "20",
+                "--trainer.limit_test_batches", "2", *QUIET]
+        with open(tmp_path / "output.txt", "wb") as output:
+            process = subprocess.Popen([sys.executable, TRAIN, *args], cwd=tmp_path, stdout=output,
+                                       stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        timer = threading.Timer(400, process.kill)
+        timer.start()
+        _, status, usage = os.wait4(process.pid, 0)  # Popen.wait would not give this process's own peak
+        timer.cancel()
+        assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "output.txt").read_text()[-3000:]
+        (cache,) = (tmp_path / "data" / "cache").glob("*-train-*.npy")
+        assert np.load(cache, mmap_mode="r").shape == (n, 3, size, size)  # the whole folder, decoded once
+        assert results(runs(tmp_path)[0])["test/acc"] is not None
+        peak = usage.ru_maxrss * 1024  # kB on Linux: of the process and the decoding workers it waited for
+        assert peak < decoded / 2, f"peak RSS {peak / 1e9:.2f} GB for {decoded / 1e9:.2f} GB of images"
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)  # not kept as pytest keeps its last runs: it is gigabytes
 
 
 def test_a_link_loop_and_links_to_other_classes_add_nothing(png_dir, tmp_path):
