@@ -306,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         objective = Objective(base, space, bool(opts.grid), [seed + i for i in range(opts.seeds)], folder,
                               f"OMP_NUM_THREADS={threads} ")
         print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
-        # TPE: each worker its own seed, or they would all sample the same settings. A grid: the same seed
-        # everywhere, which orders the grid, so that trial number N is setting N in every process.
-        seeds = [seed + i * (not opts.grid) for i in range(opts.parallel)]
+        # TPE: each worker its own seed, or they would sample the same settings, and a sweep that goes on new ones,
+        # not its first ones again. A grid: one seed, which orders it, so that trial N is setting N everywhere.
+        seeds = [seed + (i + opts.parallel * len(study.trials)) * (not opts.grid) for i in range(opts.parallel)]
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # until `stop` knows every worker (each unblocks them)
         if not stopped:  # (by a signal while the command line was checked); spawn, not fork: a fresh interpreter
             workers.extend(multiprocessing.get_context("spawn").Process(

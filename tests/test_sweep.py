@@ -208,7 +208,7 @@ def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_d
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
-@pytest.mark.parametrize("how", ["--grid"])
+@pytest.mark.parametrize("how", ["--grid", "--space"])
 def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_stop(how, mnist_dir, tmp_path):
     import psutil
 
