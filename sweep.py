@@ -8,20 +8,23 @@ Every option that is not the sweep's own is train.py's. A trial trains that comm
 (`--seeds N`: once per seed, its value the mean val/acc_best) and reports each epoch's val/acc to Optuna's median
 pruner. The study lives in an Optuna storage (SQLite in lightning_logs/sweeps/NAME/study.db by default, or any
 RDB URL shared by several machines), so the same command again goes on where it stopped, `optuna-dashboard` and
-the `optuna` command read it, and `--parallel N` runs N processes on it. A trial whose process died (kill -9, a
-lost machine) falls silent: after three `--heartbeat` intervals another process fails it and runs it again. Each
-trial's runs, summary.csv and best.yaml (the best trial's config.yaml: `python train.py --config best.yaml` trains
-it again) are written beside, on the machine that runs the command.
+the `optuna` command read it, and `--parallel N` runs N processes on it, which end with it. Ctrl-C or SIGTERM
+queues each trial again after its step; one whose process died (kill -9, a lost machine) falls silent and is run
+again three `--heartbeat` intervals later. Each trial's runs, summary.csv and best.yaml (the best one's config.yaml:
+`python train.py --config best.yaml` trains it again) are written beside, on the machine that runs the command.
 """
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import logging
 import multiprocessing
+import os
 import shlex
 import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +32,7 @@ from pathlib import Path
 import optuna
 import pandas
 import sqlalchemy
+import torch
 import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
@@ -41,6 +45,7 @@ except ImportError:  # python sweep.py in a checkout
     import train
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -119,9 +124,29 @@ class Objective:
     def __init__(self, base: list[str], space: dict, grid: bool, seeds: list[int], folder: Path, threads: str):
         self.base, self.space, self.grid, self.seeds = base, space, grid, seeds
         self.folder, self.threads = folder, threads
-        self.stopped = 0  # the exit code of a signal that stopped a trial
+        self.stop_asked, self.in_optuna = False, False
+
+    def on_sigterm(self, signum, frame) -> None:
+        """A worker's SIGTERM: noted, and a KeyboardInterrupt where no Trainer stops after its step on it (one calls
+        this too), unless inside Optuna's own steps: a trial that they leave RUNNING without a heartbeat stays so."""
+        self.stop_asked = True
+        if not self.in_optuna and signal.getsignal(signal.SIGTERM) == self.on_sigterm:
+            raise KeyboardInterrupt
 
     def __call__(self, trial: optuna.Trial) -> float:
+        self.in_optuna = False
+        try:
+            if self.stop_asked:  # while Optuna made this trial
+                raise KeyboardInterrupt
+            return self.run(trial)
+        except (train.Stopped, KeyboardInterrupt):  # the sweep stops: the trial runs again when it goes on
+            RetryHeartbeatStaleTrialCallback()(trial.study, trial.study.get_trials(deepcopy=False)[trial.number])
+            optuna.logging.set_verbosity(optuna.logging.ERROR)  # the sweep's last line says it, not a traceback
+            raise KeyboardInterrupt from None  # Optuna ends optimize() on it, whatever it is told to catch
+        finally:
+            self.in_optuna = True
+
+    def run(self, trial: optuna.Trial) -> float:
         params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
         values = []
         for i, seed in enumerate(self.seeds):
@@ -137,11 +162,8 @@ class Objective:
                 cli.trainer.callbacks.append(PyTorchLightningPruningCallback(trial, monitor="val/acc"))
             try:
                 record = train.fit(cli, verbose=False)
-            except train.Stopped as e:  # Ctrl-C or SIGTERM: the same trial runs again when the sweep goes on
-                retry = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
-                RetryHeartbeatStaleTrialCallback()(trial.study, retry)
-                self.stopped = e.exit_code
-                raise KeyboardInterrupt from None  # Optuna ends optimize() on it, whatever it is told to catch
+            except SystemExit as e:  # Lightning's end of a KeyboardInterrupt (1), or of a SIGTERM while testing (0)
+                raise KeyboardInterrupt from e
             values.append(record["val/acc_best"] if record["val/acc_best"] is not None else record["test/acc"])
             trial.set_user_attr(f"test_acc_seed_{seed}", record["test/acc"])
             trial.set_user_attr(f"log_dir_seed_{seed}", record["log_dir"])
@@ -160,37 +182,30 @@ def open_study(name: str, store: RDBStorage, space: dict, grid: bool, seed: int)
                                pruner=pruner, load_if_exists=True)
 
 
-def work(name: str, store: RDBStorage, objective: Objective, trials: int, threads: int | None,
-         worker: int = 0) -> int:
-    """One process's share: trials until the study has `trials` complete or pruned ones (or the grid is done);
-    the exit code of a signal that stopped it, else 0."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+def work(name: str, store: RDBStorage, objective: Objective, trials: int, threads: int, seed: int) -> None:
+    """One process's share: trials until the study has `trials` complete or pruned ones (or the grid is done), or
+    until the sweep stops it."""
+    torch.set_num_threads(threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # TPE: each process its own seed, or they would all sample the same settings. A grid: the same seed everywhere,
-    # which orders the grid, so that trial number N is setting N in every process.
-    seed = objective.seeds[0] + worker * (not objective.grid)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats and retries: used knowingly
     study = open_study(name, store, objective.space, objective.grid, seed)
-    try:
+    signal.signal(signal.SIGTERM, objective.on_sigterm)
+    with contextlib.suppress(KeyboardInterrupt):  # the sweep says so
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # blocked while this process started (see main)
         # One trial per optimize() call, and only while there is work left: several processes on one study
         # neither run more trials than asked nor (with a grid) a setting twice. Another process's running trial
         # is waited for: it ends, or its heartbeat stops and it comes back as a waiting retry to run here.
-        while True:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # used knowingly
-                optuna.storages.fail_stale_trials(study)
+        while not objective.stop_asked:
+            objective.in_optuna = True
+            optuna.storages.fail_stale_trials(study)
             if work_left(study, objective, trials):
                 study.optimize(objective, n_trials=1, catch=(Exception,))
             elif study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                objective.in_optuna = False
                 time.sleep(store.get_heartbeat_interval())
             else:
                 break
-    except KeyboardInterrupt:
-        return objective.stopped or 130
-    return 0
 
 
 def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
@@ -206,31 +221,13 @@ def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
     return sum(t.state in (*DONE, TrialState.RUNNING) for t in existing) < trials
 
 
-def run_workers(name: str, store: RDBStorage, objective: Objective, trials: int, parallel: int, threads: int) -> int:
-    """`parallel` processes running trials (this one, for 1); the exit code."""
-    if parallel == 1:
-        return work(name, store, objective, trials, threads)
-    context = multiprocessing.get_context("spawn")  # not fork: a fresh interpreter per worker, whatever this one holds
-    workers = [context.Process(target=worker_main, args=(name, store, objective, trials, threads, i))
-               for i in range(parallel)]
-    for w in workers:
-        w.start()
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: [w.terminate() for w in workers])
-    code = 0
-    try:
-        while any(w.is_alive() for w in workers):
-            try:
-                for w in workers:
-                    w.join()
-            except KeyboardInterrupt:  # the workers had it too, from the terminal: they stop after their step
-                code = 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return code or max((w.exitcode for w in workers if w.exitcode and w.exitcode > 0), default=0)
-
-
 def worker_main(*args) -> None:
-    sys.exit(work(*args))
+    """A process running trials, in a session of its own: a Ctrl-C at the terminal reaches the sweep alone, which
+    passes each signal on once, as SIGTERM. Its sweep's end, even by SIGKILL, stops it as a SIGTERM does."""
+    os.setsid()
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=lambda: parent.join() or os.kill(os.getpid(), signal.SIGTERM), daemon=True).start()
+    work(*args)
 
 
 def storage(url: str, heartbeat: int = 20) -> RDBStorage:
@@ -278,6 +275,14 @@ def summary(study: optuna.Study, folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    workers, stopped = [], []
+
+    def stop(signum, frame):  # each worker stops after its step, and at once on a second signal
+        stopped.append(128 + signum)
+        for w in workers:
+            w.terminate() if len(stopped) == 1 else w.kill()
+
+    previous = {s: signal.signal(s, stop) for s in STOPS}
     try:
         opts, base = parse(argv)
         space = search_space(opts)
@@ -301,16 +306,35 @@ def main(argv: list[str] | None = None) -> int:
         objective = Objective(base, space, bool(opts.grid), [seed + i for i in range(opts.seeds)], folder,
                               f"OMP_NUM_THREADS={threads} ")
         print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
-        code = run_workers(name, store, objective, trials, opts.parallel, threads)
-        print(summary(optuna.load_study(study_name=name, storage=store), folder))
-        if code:
-            print("sweep.py: stopped; the same command goes on with the study", file=sys.stderr)
+        # TPE: each worker its own seed, or they would sample the same settings, and a sweep that goes on new ones,
+        # not its first ones again. A grid: one seed, which orders it, so that trial N is setting N everywhere.
+        seeds = [seed + (i + opts.parallel * len(study.trials)) * (not opts.grid) for i in range(opts.parallel)]
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # until `stop` knows every worker (each unblocks them)
+        if not stopped:  # (by a signal while the command line was checked); spawn, not fork: a fresh interpreter
+            workers.extend(multiprocessing.get_context("spawn").Process(
+                target=worker_main, args=(name, store, objective, trials, threads, s)) for s in seeds)
+        for w in workers:
+            w.start()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        for w in workers:
+            w.join()
+        study = optuna.load_study(study_name=name, storage=store)
+        print(summary(study, folder))
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        code = stopped[0] if stopped else int(bool(running) or work_left(study, objective, trials))
+        if code:  # a signal, or a worker that was killed or failed
+            how = {130: " by Ctrl-C", 143: " by SIGTERM"}.get(code, "")
+            print(f"sweep.py: stopped{how} with {sum(t.state in DONE for t in study.trials)} trials complete or "
+                  f"pruned; the same command goes on with the study", file=sys.stderr)
         return code
     except train.UsageError as e:
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

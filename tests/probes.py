@@ -3,6 +3,7 @@
 import errno
 import os
 import signal
+import time
 
 import lightning as L
 from lightning.fabric.plugins import TorchCheckpointIO
@@ -78,3 +79,14 @@ class MemoryGrowth(L.Callback):
     def on_train_end(self, trainer, pl_module):
         with open("memory.txt", "w") as f:
             f.write(f"{self.resident_mb() - self.first:.2f}")
+
+
+class SlowTest(L.Callback):
+    """Testing starts `seconds` late, and the file `flag` says that it has begun: a signal can land while testing."""
+
+    def __init__(self, flag: str, seconds: float = 5):
+        self.flag, self.seconds = flag, seconds
+
+    def on_test_start(self, trainer, pl_module):
+        open(self.flag, "w").close()
+        time.sleep(self.seconds)

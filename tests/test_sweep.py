@@ -1,5 +1,6 @@
 """sweep.py: an Optuna study of train.py runs, read back with Optuna's own API."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -108,25 +109,175 @@ def test_bad_sweeps_stop_before_any_trial(args, phrase, mnist_dir, tmp_path):
     assert not list(tmp_path.glob("lightning_logs/sweeps/*/trial_*"))
 
 
-def test_a_stopped_sweep_goes_on_without_losing_or_repeating_a_trial(mnist_dir, tmp_path):
-    args = [sys.executable, SWEEP, "--grid", "model.lr=0.005,0.01,0.02", "--name", "s", *BASE,
-            "--trainer.max_epochs", "30", "--data.data_dir", str(mnist_dir)]
-    env = {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(args, cwd=tmp_path, env={**__import__("os").environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    time.sleep(1)
-    while not list(tmp_path.glob("lightning_logs/sweeps/s/trial_0001/**/checkpoints/last.ckpt")):
-        time.sleep(0.2)  # the second trial has trained an epoch
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out[-2000:]
-    states = sorted(t.state.name for t in study(tmp_path).get_trials())
-    assert states == ["COMPLETE", "FAIL", "WAITING"]  # the interrupted trial, and its retry
-    again = subprocess.run(args[:-4] + ["--trainer.max_epochs", "2", "--data.data_dir", str(mnist_dir)], cwd=tmp_path,
-                           env={**__import__("os").environ, **env}, capture_output=True, text=True)
-    assert again.returncode == 2 and "was made by another command" in again.stderr
-    again = subprocess.run(args, cwd=tmp_path, env={**__import__("os").environ, **env}, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-2000:]
-    trials = study(tmp_path).get_trials()
-    complete = sorted(t.params["model.lr"] for t in trials if t.state.name == "COMPLETE")
-    assert complete == [0.005, 0.01, 0.02]
+# --- stopped and killed sweeps: real signals to real processes, then the same command again ---------------------
+
+def command(args: list[str], data: Path) -> list[str]:
+    return [sys.executable, SWEEP, *BASE, *args, "--data.data_dir", str(data)]
+
+
+def start(argv: list[str], cwd: Path) -> subprocess.Popen:
+    """A sweep as a shell starts it: a process group of its own (a terminal's Ctrl-C goes to the group), its output
+    in out.txt and err.txt."""
+    with open(cwd / "out.txt", "w") as out, open(cwd / "err.txt", "w") as err:
+        return subprocess.Popen(argv, cwd=cwd, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+                                stdout=out, stderr=err, start_new_session=True)
+
+
+def wait_for(cwd: Path, pattern: str, count: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while len(list(cwd.glob(f"lightning_logs/sweeps/*/{pattern}"))) < count:
+        assert proc.poll() is None and time.time() < deadline, (cwd / "err.txt").read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def again(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The same command, to its end."""
+    proc = subprocess.run(argv, cwd=cwd, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+def states(cwd: Path) -> list[str]:
+    return sorted(t.state.name for t in study(cwd).get_trials())
+
+
+def each_setting_complete_once(cwd: Path, lrs: list[float]) -> list[optuna.trial.FrozenTrial]:
+    """The trials, after every setting of the grid completed once, none left running or waiting, and each retry
+    the same setting as the trial it runs again."""
+    trials = study(cwd).get_trials()
+    assert sorted(t.params["model.lr"] for t in trials if t.state.name == "COMPLETE") == sorted(lrs)
+    assert {t.state.name for t in trials} <= {"COMPLETE", "FAIL"}
+    for t in trials:
+        if "failed_trial" in t.system_attrs:
+            assert t.params == trials[t.system_attrs["failed_trial"]].params
+    return trials
+
+
+def last_line(cwd: Path) -> str:
+    err = (cwd / "err.txt").read_text()
+    assert "Traceback" not in err, err[-3000:]
+    return err.strip().splitlines()[-1]
+
+
+def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repeating_a_trial(mnist_dir, tmp_path):
+    argv = command(["--grid", "model.lr=0.005,0.02", "--name", "s", "--trainer.max_epochs", "10"], mnist_dir)
+    proc = start(argv, tmp_path)
+    wait_for(tmp_path, "trial_0001/**/checkpoints/last.ckpt", 1, proc)  # the second trial has trained an epoch
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at a terminal: its process group
+    assert proc.wait(timeout=120) == 130
+    assert last_line(tmp_path) == ("sweep.py: stopped by Ctrl-C with 1 trials complete or pruned; the same command "
+                                   "goes on with the study")
+    assert states(tmp_path) == ["COMPLETE", "FAIL", "WAITING"]  # the interrupted trial, and its retry
+    other = subprocess.run([*argv, "--trainer.max_epochs", "2"], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert other.returncode == 2 and "was made by another command" in other.stderr
+    again(argv, tmp_path)
+    each_setting_complete_once(tmp_path, [0.005, 0.02])
+
+
+def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_again(mnist_dir, tmp_path):
+    flag = tmp_path / "testing"  # a trial's test has begun, and waits 3 s; the other worker's trial trains or tests
+    argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2", "--trainer.callbacks+=probes.SlowTest",
+                    f"--trainer.callbacks.flag={flag}", "--trainer.callbacks.seconds=3"], mnist_dir)
+    proc = start(argv, tmp_path)
+    while not flag.exists():
+        assert proc.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert last_line(tmp_path).startswith("sweep.py: stopped by SIGTERM with 0 trials complete or pruned; the same")
+    assert states(tmp_path) == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    again(argv, tmp_path)
+    each_setting_complete_once(tmp_path, [0.005, 0.02])
+
+
+def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_dir, tmp_path):
+    import psutil
+
+    argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2", "--trainer.max_epochs", "10"], mnist_dir)
+    proc = start(argv, tmp_path)
+    wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 1, proc)
+    children = psutil.Process(proc.pid).children(recursive=True)  # the workers, and multiprocessing's tracker
+    assert len(children) >= 2
+    proc.kill()  # the sweep alone
+    proc.wait(timeout=60)
+    assert not psutil.wait_procs(children, timeout=60)[1], "a worker outlived its sweep"
+    assert "RUNNING" not in states(tmp_path)  # each stopped after its step, its trial waiting to run again
+    again(argv, tmp_path)
+    each_setting_complete_once(tmp_path, [0.005, 0.02])
+
+
+@pytest.mark.parametrize("how", ["--grid", "--space"])
+def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_stop(how, mnist_dir, tmp_path):
+    import psutil
+
+    (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n")
+    sweep_args = ["--grid", "model.lr=0.005,0.02"] if how == "--grid" else ["--space", "space.yaml", "--trials", "3"]
+    argv = command([*sweep_args, "--parallel", "2", "--heartbeat", "1", "--trainer.max_epochs", "10"], mnist_dir)
+    proc = start(argv, tmp_path)
+    wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 2, proc)  # both workers mid-trial
+    for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+        p.kill()  # as a lost machine, or kill -9 of them all
+    proc.wait(timeout=60)
+    killed = states(tmp_path).count("RUNNING")  # until another process sees that their heartbeats stopped
+    assert killed >= 1
+    again(argv, tmp_path)
+    if how == "--grid":
+        each_setting_complete_once(tmp_path, [0.005, 0.02])
+    else:
+        trials = study(tmp_path).get_trials()
+        assert [t.state.name for t in trials].count("FAIL") == killed
+        done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+        assert len(done) == 3 and len({t.params["model.lr"] for t in done}) == 3  # no setting sampled twice
+        assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED", "FAIL"}
+        for t in trials:
+            if "failed_trial" in t.system_attrs:
+                assert t.params == trials[t.system_attrs["failed_trial"]].params
+
+
+def test_a_worker_killed_mid_trial_has_its_trial_run_again_by_the_other(mnist_dir, tmp_path):
+    import psutil
+
+    argv = command(["--grid", "model.lr=0.005,0.01,0.02", "--parallel", "2", "--heartbeat", "1",
+                    "--trainer.max_epochs", "20"], mnist_dir)
+    proc = start(argv, tmp_path)
+    wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 2, proc)  # both workers mid-trial
+    next(p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())).kill()
+    assert proc.wait(timeout=180) == 0, (tmp_path / "err.txt").read_text()[-3000:]
+    trials = each_setting_complete_once(tmp_path, [0.005, 0.01, 0.02])
+    assert [t.state.name for t in trials].count("FAIL") == 1
+
+
+def test_a_sweep_whose_only_worker_is_killed_says_so_in_one_line(mnist_dir, tmp_path):
+    import psutil
+
+    proc = start(command(["--trainer.max_epochs", "20"], mnist_dir), tmp_path)
+    wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 1, proc)
+    next(p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())).kill()
+    assert proc.wait(timeout=120) == 1
+    assert last_line(tmp_path) == ("sweep.py: stopped with 0 trials complete or pruned; the same command goes on "
+                                   "with the study")
+    assert states(tmp_path) == ["RUNNING"]  # until its heartbeat is three intervals old
+
+
+def test_lightning_calls_the_sigterm_handler_it_finds(tmp_path):
+    """The contract that a worker's SIGTERM handler leans on (docs/design.md): a Trainer's run calls it too."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Term(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    heard = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
+    try:
+        trainer = L.Trainer(max_steps=10, callbacks=[Term()], default_root_dir=tmp_path, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        with pytest.raises(SystemExit):  # Lightning's SIGTERMException, after the step
+            trainer.fit(BoringModel())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert heard == [signal.SIGTERM] and trainer.global_step == 2
