@@ -1,13 +1,4 @@
-"""Train, test and use image classifiers with the Lightning CLI.
-
-    python train.py --model cnn                        # the CIFAR-10 tutorial's CNN (configs/cnn.yaml): fit, then test
-    python train.py --model mlp --data fashion_mnist   # the MNIST tutorial's MLP (configs/mlp.yaml) on Fashion-MNIST
-    python train.py --model mlp --trainer.max_epochs 5 --data.batch_size 256 --trainer.callbacks+=LearningRateMonitor
-    python train.py --config configs/tutorial_cnn.yaml # the tutorial's exact settings
-    python train.py --model cnn --ckpt_path last       # resume the newest run
-    python train.py test --ckpt_path best              # test the newest run's best checkpoint again
-    python train.py predict --ckpt_path best --inputs my_images/
-    python train.py export --ckpt_path best --format onnx --output model.onnx
+"""Train, test and use image classifiers with the Lightning CLI (README.md shows the commands).
 
 Every option is LightningCLI's: `--trainer.*` (any Trainer argument, callback or logger), `--model.*`, `--data.*`,
 `--config FILE`, `--seed_everything`. `--model NAME` is the recipe configs/NAME.yaml, `--data NAME` a data module's
@@ -17,7 +8,6 @@ config.yaml (`--config` of it runs it again) and results.json.
 
 import inspect
 import json
-import math
 import os
 import random
 import signal
@@ -25,7 +15,7 @@ import sys
 import time
 import traceback
 import zipfile
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import torch
@@ -87,14 +77,9 @@ def usage() -> str:
 
 
 class TrainCLI(LightningCLI):
-    """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with the project's defaults.
-
-    Beyond LightningCLI's own: 30 epochs; the checkpoint, speed and progress bar callbacks as the default
-    `--trainer.callbacks`, which step aside where a flag or a callback of the user's takes their place
-    (`--trainer.enable_checkpointing false`, `--trainer.enable_progress_bar false`, `--trainer.callbacks+=
-    RichProgressBar`); bf16 mixed precision on GPUs that have it, unless `--trainer.precision` says otherwise; and
-    the use commands' options.
-    """
+    """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with the project's defaults:
+    30 epochs; DEFAULT_CALLBACKS, which step aside where a flag or a callback of the user's takes their place; bf16
+    mixed precision on GPUs that have it, unless `--trainer.precision` says otherwise; the use commands' options."""
 
     def __init__(self, args: list[str], subcommand: str = "fit", save_config_kwargs: dict | None = None):
         self.command, self.args = subcommand, args
@@ -129,31 +114,20 @@ class TrainCLI(LightningCLI):
         trainer = self.config.trainer
         if trainer.logger is False or trainer.get("barebones"):  # no run directory: one config.yaml for every run
             self.save_config_callback = None
-        kept, callbacks = [], trainer.callbacks or []
+        callbacks = trainer.callbacks or []
         theirs = [import_class(c.class_path) for c in callbacks if not is_default(c)]
-        checkpoints = [c for c in callbacks if issubclass(import_class(c.class_path), ModelCheckpoint)
-                       and not is_default(c) and import_class(c.class_path) is not LastCheckpoint]
-        bare = trainer.get("barebones")
-        for callback in callbacks:  # the project's defaults step aside where a flag or a user's callback says
-            cls = import_class(callback.class_path)
-            if not is_default(callback):
-                kept.append(callback)
-            elif issubclass(cls, ModelCheckpoint) and (trainer.enable_checkpointing is False or bare):
-                continue
-            elif cls is ModelCheckpoint and checkpoints:  # Lightning's default checkpoint, likewise
-                continue
-            elif cls is LastCheckpoint and any((c.init_args or {}).get("save_last") for c in checkpoints):
-                continue
-            # Without a logger there is nothing to monitor into (Lightning refuses it).
-            elif cls is LearningRateMonitor and (trainer.logger is False or bare or
-                                                 any(issubclass(c, LearningRateMonitor) for c in theirs)):
-                continue
-            elif cls is TimedProgressBar and (trainer.enable_progress_bar is False or bare or
-                                              any(issubclass(c, ProgressBar) for c in theirs)):
-                continue
-            else:
-                kept.append(callback)
-        trainer.callbacks = kept
+        checkpoints = [c for c in callbacks if not is_default(c) and issubclass(import_class(c.class_path),
+                                                                              ModelCheckpoint)]
+        bare, no_logger = trainer.get("barebones"), trainer.logger is False or trainer.get("barebones")
+
+        def steps_aside(cls) -> bool:  # a default, for a flag or a callback of the user's (no logger: nothing to log)
+            return issubclass(cls, ModelCheckpoint) and (trainer.enable_checkpointing is False or bare) or \
+                cls is ModelCheckpoint and any(import_class(c.class_path) is not LastCheckpoint for c in checkpoints) \
+                or cls is LastCheckpoint and any((c.init_args or {}).get("save_last") for c in checkpoints) or \
+                cls is LearningRateMonitor and (no_logger or any(issubclass(c, LearningRateMonitor) for c in theirs)) \
+                or cls is TimedProgressBar and (trainer.enable_progress_bar is False or bare or
+                                                any(issubclass(c, ProgressBar) for c in theirs))
+        trainer.callbacks = [c for c in callbacks if not (is_default(c) and steps_aside(import_class(c.class_path)))]
         if trainer.precision is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
                 and trainer.accelerator in ("auto", "gpu", "cuda"):
             trainer.precision = "bf16-mixed"  # on a CPU, 32-bit: bf16 autocast is slower there
@@ -372,10 +346,9 @@ def expand(args: list[str], default_recipe: bool = True) -> list[str]:
 
 def sets_model(config: str) -> bool:
     """Whether a --config file names a model (or cannot be read: jsonargparse then says why)."""
-    try:
+    with suppress(OSError, yaml.YAMLError, TypeError):
         return "model" in (yaml.safe_load(Path(config).read_text()) or {})
-    except (OSError, yaml.YAMLError, TypeError):
-        return True
+    return True
 
 
 # --- the commands ------------------------------------------------------------------------------------------------
@@ -456,7 +429,8 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
                                          if k.startswith(f"{split}/acc_class/")} or None}
     if trainer.is_global_zero:
         if record["log_dir"]:
-            Path(record["log_dir"], "results.json").write_text(json.dumps(finite(record), indent=2) + "\n")
+            finite = json.loads(json.dumps(record), parse_constant=lambda nan: None)  # NaN: null, valid JSON
+            Path(record["log_dir"], "results.json").write_text(json.dumps(finite, indent=2) + "\n")
         best = record["val/acc_best"]
         validation = f"best val/acc {best:.4f}" if best is not None else "no validation"
         source = (f"({validation}) after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s"
@@ -467,13 +441,6 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
               f"on {record['device']};",
               f"logs in {record['log_dir']}" if record["log_dir"] else "no logger", flush=True)
     return record
-
-
-def finite(record):
-    """The record with null for NaN and infinities (a class without test images has no accuracy): valid JSON."""
-    if isinstance(record, dict):
-        return {key: finite(value) for key, value in record.items()}
-    return None if isinstance(record, float) and not math.isfinite(record) else record
 
 
 def use(subcommand: str, args: list[str]) -> dict:

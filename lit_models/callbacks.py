@@ -13,13 +13,10 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """`last.ckpt`: the end of the latest epoch, or the step where SIGTERM stopped training.
-
-    ModelCheckpoint with `monitor=None, save_top_k=1` keeps the newest checkpoint: this one keeps it under one
-    name, `last.ckpt` (ModelCheckpoint's own `save_last` writes only in epochs that write a new best). SIGTERM
-    (pre-emption, `scancel`, `kill`, and the first Ctrl-C of train.py) stops Lightning between two steps, where
-    the state is whole: that is saved too, so `--ckpt_path last` resumes at the next batch. Other exceptions
-    save nothing (ModelCheckpoint's `save_on_exception` would save a diverged model over a good one).
+    """`last.ckpt`: the end of the latest epoch, or where SIGTERM (pre-emption, `scancel`, the first Ctrl-C of
+    train.py) stopped a fit, between two steps or in a validation, where the state is whole: `--ckpt_path last`
+    goes on from there. Other exceptions save nothing (ModelCheckpoint's `save_on_exception` would save a diverged
+    model over a good one); ModelCheckpoint's own `save_last` writes only in epochs that write a new best.
 
     Args:
         filename: the checkpoint's name, without `.ckpt`.
@@ -103,12 +100,9 @@ class TrainingSpeed(L.Callback):
 
 
 class TimedProgressBar(TQDMProgressBar):
-    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart, and at the end of each bar.
-
-    Lightning's bars redraw after every batch (`refresh_rate=1`): a terminal write of a few hundred microseconds,
-    which costs the tutorial networks' short steps 5-25% of their speed (docs/benchmarks.md); a larger
-    `refresh_rate` would still redraw hundreds of times a second on a GPU. Time is what a reader needs. Piped to a
-    file (SLURM, CI, nohup), where every redraw stays, a bar is drawn every 30 seconds and when it ends.
+    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart, and at the end of each bar: Lightning's
+    redraw after every batch, a measurable share of a tutorial network's step (docs/benchmarks.md), and in a file
+    (SLURM, CI, nohup) every redraw stays.
 
     Args:
         refresh_seconds: the least time between two redraws; None: 0.1 in a terminal, 30 otherwise.

@@ -99,24 +99,12 @@ class ImageClassifier(L.LightningModule):
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead": CUDA graphs, "max-autotune").
     """
 
-    def __init__(
-        self,
-        net: Optional[NetworkCallable] = None,
-        image_shape: Optional[tuple[int, int, int]] = None,
-        num_classes: Optional[int] = None,
-        class_names: Optional[list[str]] = None,
-        mean: Optional[list[float]] = None,
-        std: Optional[list[float]] = None,
-        lr: Optional[float] = None,
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        scheduler: Optional[LRSchedulerCallable] = None,
-        label_smoothing: float = 0.0,
-        mixup: float = 0.0,
-        cutmix: float = 0.0,
-        flip_test: bool = False,
-        channels_last: bool = True,
-        compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False,
-    ):
+    def __init__(self, net: Optional[NetworkCallable] = None, image_shape: Optional[tuple[int, int, int]] = None,
+                 num_classes: Optional[int] = None, class_names: Optional[list[str]] = None,
+                 mean: Optional[list[float]] = None, std: Optional[list[float]] = None, lr: Optional[float] = None,
+                 optimizer: OptimizerCallable = torch.optim.AdamW, scheduler: Optional[LRSchedulerCallable] = None,
+                 label_smoothing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0, flip_test: bool = False,
+                 channels_last: bool = True, compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False):
         super().__init__()
         if lr is not None and not (math.isfinite(lr) and lr > 0):
             raise ModelError(f"--model.lr {lr}: a learning rate is a positive number")
@@ -307,12 +295,9 @@ class ImageClassifier(L.LightningModule):
     # --- training --------------------------------------------------------------------------------------
 
     def logs_at(self, batch_idx: int) -> bool:
-        """Whether a training step logs train/loss and train/acc: where Lightning's loggers write a step
-        (`--trainer.log_every_n_steps`), before a validation, and at the end of an epoch. Each time, as the mean
-        over the steps since the last time: a `self.log` costs more Python than a whole step of the tutorial
-        networks on a GPU, and the means over the images of every step are exact. So `train/loss_step` is the mean
-        since the previous point, `train/loss_epoch` the epoch's mean, and `train/loss` the latest of the two,
-        as Lightning's `on_step=True, on_epoch=True` names them."""
+        """Whether a training step logs train/loss and train/acc (the means since the last time): where Lightning's
+        loggers write a step, before a validation, at an epoch's end. A `self.log` a step would cost more than a
+        tutorial network's step (docs/design.md)."""
         trainer, every = self.trainer, self.trainer.log_every_n_steps
         return bool(every and (trainer.global_step + 1) % every == 0) or batch_idx + 1 == trainer.num_training_batches \
             or (batch_idx + 1) % (trainer.val_check_batch or float("inf")) == 0

@@ -27,13 +27,10 @@ class Dashboards(L.Callback):
       with their true class (grey) and the predicted one (green, or red in a red frame for a mistake), and
       `test/confusion_matrix` (rows: true classes, columns: predicted; shaded by the share of the row), as images
       at the step the model was trained to. MLflow takes them as artifacts `test/*.png`; other loggers skip them.
-    - At the start of a run: a Custom Scalars layout with train and val loss on one chart, accuracy on another;
-      and the HParams tab's row of the run: the model's, data module's, optimizer's and schedule's settings as
-      flat columns (`model/lr`, `data/batch_size`, `optimizer/weight_decay`, a class path by its class name),
-      compared by `metrics`. Lightning's own hyperparameter summary (`enable_autolog_hparams`) comes after this
-      one, and TensorBoard keeps the first of a run.
-
-    Nothing runs in a training step; at test, one forward pass of the images shown, and one drawing.
+    - At the start of a run: a Custom Scalars layout (train and val loss on one chart, accuracy on another), and
+      the HParams tab's row: the model's, data's, optimizer's and schedule's settings as flat columns (`model/lr`,
+      `data/batch_size`, a class path by its class name) against `metrics`, before Lightning's own summary
+      (TensorBoard keeps a run's first). Nothing runs in a training step.
 
     Args:
         images: how many test images `test/predictions` shows (0: none).

@@ -1,8 +1,5 @@
 """Using a trained model: `train.py predict` (files or a test split, to a CSV file) and `train.py export` (a file a
-serving stack loads without this project), both checked against the checkpoint they come from.
-
-    python train.py predict --ckpt_path best --inputs my_images/ photo.jpg 'scans/*.png'
-    python train.py export --ckpt_path best --format onnx --output model.onnx    # pip install ".[export]"
+serving stack loads without this project), both checked against the checkpoint they come from (README.md).
 """
 
 import copy
