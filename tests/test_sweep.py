@@ -187,7 +187,8 @@ def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_ag
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     assert last_line(tmp_path).startswith("sweep.py: stopped by SIGTERM with 0 trials complete or pruned; the same")
-    assert states(tmp_path) == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    stopped = states(tmp_path)  # each trial begun (the second worker may still have been starting), and its retry
+    assert set(stopped) == {"FAIL", "WAITING"} and stopped.count("FAIL") == stopped.count("WAITING")
     again(argv, tmp_path)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
