@@ -114,10 +114,11 @@ class TrainCLI(LightningCLI):
         trainer = self.config.trainer
         if trainer.logger is False or trainer.get("barebones"):  # no run directory: one config.yaml for every run
             self.save_config_callback = None
-        callbacks = trainer.callbacks or []
-        theirs = [import_class(c.class_path) for c in callbacks if not is_default(c)]
-        checkpoints = [c for c in callbacks if not is_default(c) and issubclass(import_class(c.class_path),
-                                                                              ModelCheckpoint)]
+        callbacks = trainer.callbacks or []  # a default given again (`+=` with its settings) is the user's too
+        ours = [c for i, c in enumerate(callbacks) if is_default(c) and c not in callbacks[:i]]
+        mine = [c for c in callbacks if not any(c is o for o in ours)]
+        theirs = [import_class(c.class_path) for c in mine]
+        checkpoints = [c for c, cls in zip(mine, theirs) if issubclass(cls, ModelCheckpoint)]
         bare, no_logger = trainer.get("barebones"), trainer.logger is False or trainer.get("barebones")
 
         def steps_aside(cls) -> bool:  # a default, for a flag or a callback of the user's (no logger: nothing to log)
@@ -127,7 +128,8 @@ class TrainCLI(LightningCLI):
                 cls is LearningRateMonitor and (no_logger or any(issubclass(c, LearningRateMonitor) for c in theirs)) \
                 or cls is TimedProgressBar and (trainer.enable_progress_bar is False or bare or
                                                 any(issubclass(c, ProgressBar) for c in theirs))
-        trainer.callbacks = [c for c in callbacks if not (is_default(c) and steps_aside(import_class(c.class_path)))]
+        trainer.callbacks = [c for c in callbacks if not any(c is o for o in ours) or
+                             not steps_aside(import_class(c.class_path))]
         if trainer.precision is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
                 and trainer.accelerator in ("auto", "gpu", "cuda"):
             trainer.precision = "bf16-mixed"  # on a CPU, 32-bit: bf16 autocast is slower there
