@@ -43,6 +43,7 @@ yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, value: dumper.rep
 
 RECIPES = Path(__file__).resolve().parent / "configs"
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
+USE_CALLBACKS = ("lit_models.Dashboards", "lit_models.TimedProgressBar")  # of DEFAULT_CALLBACKS, for test/predict
 DEFAULT_CALLBACKS = [  # a Trainer default, so --trainer.callbacks+=X adds to it and a config may replace it
     {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
      "init_args": {"monitor": "val/acc", "mode": "max", "filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
@@ -112,14 +113,14 @@ class TrainCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         check_parts(self.config.model.init_args, self.args)
         trainer = self.config.trainer
-        if trainer.logger is False or trainer.get("barebones"):  # no run directory: one config.yaml for every run
+        bare, no_logger = trainer.get("barebones"), trainer.logger is False or trainer.get("barebones")
+        if no_logger:  # no run directory: one config.yaml for every run
             self.save_config_callback = None
         callbacks = trainer.callbacks or []  # a default given again (`+=` with its settings) is the user's too
-        ours = [c for i, c in enumerate(callbacks) if is_default(c) and c not in callbacks[:i]]
-        mine = [c for c in callbacks if not any(c is o for o in ours)]
+        ours = {i for i, c in enumerate(callbacks) if is_default(c) and c not in callbacks[:i]}
+        mine = [c for i, c in enumerate(callbacks) if i not in ours]
         theirs = [import_class(c.class_path) for c in mine]
         checkpoints = [c for c, cls in zip(mine, theirs) if issubclass(cls, ModelCheckpoint)]
-        bare, no_logger = trainer.get("barebones"), trainer.logger is False or trainer.get("barebones")
 
         def steps_aside(cls) -> bool:  # a default, for a flag or a callback of the user's (no logger: nothing to log)
             return issubclass(cls, ModelCheckpoint) and (trainer.enable_checkpointing is False or bare) or \
@@ -128,7 +129,7 @@ class TrainCLI(LightningCLI):
                 cls is LearningRateMonitor and (no_logger or any(issubclass(c, LearningRateMonitor) for c in theirs)) \
                 or cls is TimedProgressBar and (trainer.enable_progress_bar is False or bare or
                                                 any(issubclass(c, ProgressBar) for c in theirs))
-        trainer.callbacks = [c for c in callbacks if not any(c is o for o in ours) or
+        trainer.callbacks = [c for i, c in enumerate(callbacks) if i not in ours or
                              not steps_aside(import_class(c.class_path))]
         if trainer.precision is None and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
                 and trainer.accelerator in ("auto", "gpu", "cuda"):
@@ -284,7 +285,7 @@ def replay_args(args: list[str], subcommand: str) -> tuple[Path, dict, list[str]
     # One process (a DDP run's too), and none of the run's training callbacks (checkpoints, averaging, finders),
     # only its dashboards and bar: `--trainer.callbacks+=X` adds one of the user's.
     use = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
-           f"--trainer.callbacks={json.dumps([{'class_path': 'lit_models.Dashboards'}, DEFAULT_CALLBACKS[3]])}"]
+           f"--trainer.callbacks={json.dumps([c for c in DEFAULT_CALLBACKS if c['class_path'] in USE_CALLBACKS])}"]
     if option(rest, "--trainer.logger")[0] is None:  # not a new run: predict and export log nothing, a test
         # logs in a folder of the run it tests (TensorBoard shows it under the run), unless a logger is given
         if subcommand in ("predict", "export") or not config.is_file():
@@ -410,8 +411,8 @@ def evaluate(trainer, stage: str, model, data, ckpt_path: str | None, verbose: b
         raise UsageError(f"there is no {'test' if stage == 'test' else 'validation'} set to {stage} on "
                          f"(--data.val_size 0?): {'validate' if stage == 'test' else 'test'} instead")
     metrics = results[0]
-    if trainer.received_sigterm:  # Lightning stops training on SIGTERM, not testing: never report such a test
-        raise Stopped(f"stopped by SIGTERM while {stage}ing; the checkpoint is unchanged", 143)
+    if trainer.received_sigterm:  # at the last batch Lightning's loop ends without raising: stop as it does before
+        raise SIGTERMException
     return metrics | {"val/acc_best": float(model.val_acc_best.compute()) if model.val_acc_best.update_count else None}
 
 
@@ -510,8 +511,8 @@ def run(argv: list[str]) -> dict:
             rest.append(f"--trainer.logger={logger}")
             kwargs["save_config_kwargs"] = {"config_filename": "config-resumed.yaml", "overwrite": True}
     cli = build(expand(rest), **kwargs)
-    done = contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"] if spec is not None else 0
-    if spec is not None and cli.trainer.max_epochs not in (None, -1) and done >= cli.trainer.max_epochs:
+    if spec is not None and cli.trainer.max_epochs not in (None, -1) and \
+            (done := contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"]) >= cli.trainer.max_epochs:
         # As Lightning's fit of it would: nothing to train. And no test after it, to rewrite the run's results.json.
         cli.model.check_weights(contents["state_dict"])
         print(f"{path} finished its {done} epochs: nothing to train (a larger --trainer.max_epochs trains on; "

@@ -296,8 +296,7 @@ class ImageClassifier(L.LightningModule):
 
     def logs_at(self, batch_idx: int) -> bool:
         """Whether a training step logs train/loss and train/acc (the means since the last time): where Lightning's
-        loggers write a step, before a validation, at an epoch's end. A `self.log` a step would cost more than a
-        tutorial network's step (docs/design.md)."""
+        loggers write a step, before a validation, at an epoch's end (a `self.log` a step costs: docs/design.md)."""
         trainer, every = self.trainer, self.trainer.log_every_n_steps
         return bool(every and (trainer.global_step + 1) % every == 0) or batch_idx + 1 == trainer.num_training_batches \
             or (batch_idx + 1) % (trainer.val_check_batch or float("inf")) == 0
