@@ -168,6 +168,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each recipe and tutorial (seeds 0, 1, ...)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of short back-to-back runs, for vs bare")
     args = parser.parse_args()
+    for name in ("cifar10", "fashion_mnist", "cifar10_pythonpath"):  # the runs start in --work
+        if getattr(args, name) is not None:
+            setattr(args, name, getattr(args, name).resolve())
     models = [args.only] if args.only else ["cnn", "mlp"]
     for model, folder in (("cnn", args.cifar10), ("mlp", args.fashion_mnist)):
         if model in models and folder is None:
