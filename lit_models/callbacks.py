@@ -1,5 +1,7 @@
-"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA."""
+"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA; the
+checkpoint writer."""
 
+import io
 import math
 import signal
 import sys
@@ -8,8 +10,26 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+from datamodules.files import written_whole
+
+
+class WholeCheckpointIO(TorchCheckpointIO):
+    """Lightning's TorchCheckpointIO, each file written through a temporary name beside it (`written_whole`):
+    Lightning's goes through the system's temporary folder, and on a full disk left a truncated checkpoint under its
+    final name. train.py gives it to the Trainer in place of Lightning's default; a CheckpointIO in
+    `--trainer.plugins` is the user's. Paths with a protocol (s3://) and storage options go to Lightning's."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()  # torch.save turns a write error into a RuntimeError without a reason: errors as OSError
+        torch.save(checkpoint, buffer)
+        with written_whole(path) as tmp, open(tmp, "wb") as file:
+            file.write(buffer.getbuffer())
 
 
 class LastCheckpoint(ModelCheckpoint):
