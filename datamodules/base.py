@@ -1,6 +1,7 @@
 """What every data module shares: a seeded validation split, the training images' statistics, and batches cut
 from uint8 tensors that live on the training device, augmented there."""
 
+import functools
 import math
 from typing import Optional, Union
 
@@ -79,15 +80,15 @@ class DeviceBatches:
                  shuffle: bool = True, crop_padding: int = 0, flip: bool = False, seed: int = 0, rank: int = 0,
                  world_size: int = 1, to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
-        self.to_float = to_float
         self.shuffle, self.crop_padding, self.flip, self.seed = shuffle and train, crop_padding, flip, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.to_float = rank, world_size, to_float
         self.epoch, self.yielded, self._resume = 0, 0, None
+        self.indices = torch.arange(len(images), device=images.device)
         if train:
             self.num_samples = len(images) // world_size
             self.num_batches = self.num_samples // batch_size
         else:
-            self.indices = torch.arange(len(images), device=images.device).tensor_split(world_size)[rank]
+            self.indices = self.indices.tensor_split(world_size)[rank]
             self.num_batches = math.ceil(len(self.indices) / batch_size)
 
     # Lightning calls `loader.sampler.set_epoch(e)` on any loader, and reads `batch_sampler` where it finds a sampler.
@@ -112,16 +113,14 @@ class DeviceBatches:
     def __iter__(self):
         device = self.images.device
         generator = torch.Generator(device=device)
-        start, self._resume = (self._resume or {}).get("batches", 0) if (self._resume or {}).get("epoch") == \
-            self.epoch else 0, None
-        if not self.train:
-            order = self.indices
-        elif self.shuffle:
+        resume, self._resume = self._resume or {}, None
+        start = resume.get("batches", 0) if resume.get("epoch") == self.epoch else 0
+        order = self.indices
+        if self.shuffle:
             order = torch.randperm(len(self.images), device=device,
                                    generator=generator.manual_seed(mix_seed(self.seed, self.epoch)))
+        if self.train:
             order = order[self.rank::self.world_size][:self.num_samples]
-        else:
-            order = torch.arange(len(self.images), device=device)[self.rank::self.world_size][:self.num_samples]
         for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
             # index_select, not images[index]: on a CPU advanced indexing of uint8 images is many times slower.
@@ -214,7 +213,6 @@ class ImageDataModule(L.LightningDataModule):
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
         self._train_state: Optional[dict] = None
-        self._stats: Optional[tuple[list[float], list[float]]] = None
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 images (N, C, H, W) and int64 labels (N,) of "train", "test" (or "val", see has_val_split)."""
@@ -231,17 +229,16 @@ class ImageDataModule(L.LightningDataModule):
     @property
     def mean(self) -> list[float]:
         """Per-channel mean of the training images, on the 0..1 scale."""
-        return self._statistics()[0]
+        return self._statistics[0]
 
     @property
     def std(self) -> list[float]:
         """Per-channel standard deviation of the training images, on the 0..1 scale."""
-        return self._statistics()[1]
+        return self._statistics[1]
 
+    @functools.cached_property
     def _statistics(self) -> tuple[list[float], list[float]]:
-        if self._stats is None:
-            self._stats = channel_stats(self._split("train")[0])
-        return self._stats
+        return channel_stats(self._split("train")[0])
 
     def setup(self, stage: str) -> None:
         wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}[stage]
@@ -315,5 +312,4 @@ class ImageDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DeviceBatches:
         return self._eval_batches("test")
 
-    def predict_dataloader(self) -> DeviceBatches:
-        return self._eval_batches("test")
+    predict_dataloader = test_dataloader  # predictions are of the test images
