@@ -14,6 +14,12 @@ class DataError(RuntimeError):
     """The data cannot be found, fetched or read; the message says what to do about it."""
 
 
+def download_error(error: Exception) -> str:
+    """The last line of a download error (torchvision's list one line per mirror tried)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
 _MASK64 = (1 << 64) - 1
 
 
