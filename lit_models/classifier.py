@@ -112,9 +112,7 @@ class ImageClassifier(L.LightningModule):
                              f"and --model.cutmix {cutmix} at least 0")
         net = TutorialCNN if net is None else net
         self.net_factory, self.optimizer_factory, self.scheduler_factory = map(as_factory, (net, optimizer, scheduler))
-        # Hyperparameters are data: the parts as {class_path, init_args}, so that a checkpoint loads with torch's
-        # weights_only=True and rebuilds the same network, optimizer and schedule (LightningCLI records its own
-        # configuration of them in the same form).
+        # Hyperparameters are data (as_spec): a checkpoint rebuilds the same network, optimizer and schedule.
         net, optimizer, scheduler = map(as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
         self.net = None

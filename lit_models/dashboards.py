@@ -57,11 +57,10 @@ class Dashboards(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
                 self.started.add(logger.log_dir)
-                writer = logger.experiment
-                writer.add_custom_scalars(LAYOUT)
+                logger.experiment.add_custom_scalars(LAYOUT)
                 if trainer.enable_autolog_hparams:
                     for summary in hparams(settings(trainer, pl_module), dict.fromkeys(self.metrics, 0.0)):
-                        writer.file_writer.add_summary(summary)
+                        logger.experiment.file_writer.add_summary(summary)
 
     # --- test --------------------------------------------------------------------------------------------------
 
