@@ -89,12 +89,11 @@ class DeviceBatches:
         self.shuffle, self.crop_padding, self.flip, self.seed = shuffle and train, crop_padding, flip, seed
         self.rank, self.world_size, self.to_float = rank, world_size, to_float
         self.epoch, self.yielded, self._resume = 0, 0, None
-        self.indices = torch.arange(len(images), device=images.device)
         if train:
             self.num_samples = len(images) // world_size
             self.num_batches = self.num_samples // batch_size
         else:
-            self.indices = self.indices.tensor_split(world_size)[rank]
+            self.indices = torch.arange(len(images), device=images.device).tensor_split(world_size)[rank]
             self.num_batches = math.ceil(len(self.indices) / batch_size)
 
     # Lightning calls `loader.sampler.set_epoch(e)` on any loader, and reads `batch_sampler` where it finds a sampler.
@@ -121,10 +120,11 @@ class DeviceBatches:
         generator = torch.Generator(device=device)
         resume, self._resume = self._resume or {}, None
         start = resume.get("batches", 0) if resume.get("epoch") == self.epoch else 0
-        order = self.indices
         if self.shuffle:
             order = torch.randperm(len(self.images), device=device,
                                    generator=generator.manual_seed(mix_seed(self.seed, self.epoch)))
+        else:
+            order = torch.arange(len(self.images), device=device) if self.train else self.indices
         if self.train:
             order = order[self.rank::self.world_size][:self.num_samples]
         for i in range(start, self.num_batches):
