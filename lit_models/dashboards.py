@@ -57,11 +57,10 @@ class Dashboards(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
                 self.started.add(logger.log_dir)
-                writer = logger.experiment
-                writer.add_custom_scalars(LAYOUT)
+                logger.experiment.add_custom_scalars(LAYOUT)
                 if trainer.enable_autolog_hparams:
                     for summary in hparams(settings(trainer, pl_module), dict.fromkeys(self.metrics, 0.0)):
-                        writer.file_writer.add_summary(summary)
+                        logger.experiment.file_writer.add_summary(summary)
 
     # --- test --------------------------------------------------------------------------------------------------
 
@@ -155,10 +154,8 @@ def flatten(params: Mapping, prefix: str = "") -> dict[str, str | int | float]:
             columns[name] = str(value).lower()
         elif isinstance(value, (int, float, str)):
             columns[name] = value
-        elif isinstance(value, type):
-            columns[name] = value.__name__
-        elif isinstance(value, torch.nn.Module):
-            columns[name] = type(value).__name__
+        elif isinstance(value, (type, torch.nn.Module)):  # a class, or a module by its class
+            columns[name] = (value if isinstance(value, type) else type(value)).__name__
         elif isinstance(value, (list, tuple)) and len(value) <= 4 and all(isinstance(v, (int, float, str))
                                                                            for v in value):
             columns[name] = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
@@ -211,8 +208,7 @@ def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -
     class names: each cell shaded by its share of the row, so that a class's recall is its diagonal's shade."""
     k = len(confusion)
     cell = max(12, min(cell, 640 // k))
-    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    margin = int(max(draw.textlength(name, font=font()) for name in names)) + 3 * PAD + LINE
+    margin = int(max(font().getlength(name) for name in names)) + 3 * PAD + LINE
     image = Image.new("RGB", (margin + k * cell + PAD, margin + k * cell + PAD), "white")
     draw = ImageDraw.Draw(image)
     share = (confusion / confusion.sum(1, keepdim=True).clamp(min=1)).numpy()
