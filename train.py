@@ -200,8 +200,6 @@ def check_parts(model: Namespace, args: list[str]) -> None:
                                   file=sys.stderr)
 
 
-# --- finding checkpoints -----------------------------------------------------------------------------------------
-
 def read_checkpoint(path: Path) -> dict:
     """A checkpoint file's contents, checked to be an ImageClassifier's."""
     if not path.is_file():
@@ -363,8 +361,6 @@ def sets_model(config: str) -> bool:
     return True
 
 
-# --- the commands ------------------------------------------------------------------------------------------------
-
 @contextmanager
 def ctrl_c_stops_after_the_step(stopped: list):
     """The first Ctrl-C stops training as SIGTERM does, between two steps, with a checkpoint to resume from; a
@@ -383,10 +379,9 @@ def ctrl_c_stops_after_the_step(stopped: list):
 
 
 def claim_version(logger) -> None:
-    """A new run's folder of its own: Lightning's TensorBoardLogger and CSVLogger take the next free version_N
-    without a lock, and runs started together shared one (Lightning-AI/pytorch-lightning#11418, "won't fix"). On
-    the launch's rank 0 (Lightning gives its log_dir to the other ranks), the pick and the folder's creation are
-    made under a lock of the loggers' folder, so that the next run's pick sees the folder."""
+    """A new run's folder of its own: Lightning's TensorBoardLogger and CSVLogger pick the next free version_N without
+    a lock (Lightning-AI/pytorch-lightning#11418), so on the launch's rank 0 (whose log_dir Lightning gives the
+    others) the pick and the folder's creation are made under a lock of the loggers' folder."""
     first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))  # (Lightning's rank ignores it)
     if first and isinstance(logger, (TensorBoardLogger, CSVLogger)):
         Path(logger.root_dir).mkdir(parents=True, exist_ok=True)
@@ -577,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
 def explain(error: BaseException) -> tuple[int | None, str]:
     """The exit code and one line for what a user can fix, found among the error and its causes (jsonargparse
     wraps what a class raises while it builds it); (None, "") for a bug."""
-    for e in causes(error):
+    e, depth = error, 0
+    while e is not None and depth < 20:
         if isinstance(e, Stopped):
             return e.exit_code, str(e)
         if isinstance(e, (UsageError, MisconfigurationException)):
@@ -592,14 +588,8 @@ def explain(error: BaseException) -> tuple[int | None, str]:
             return 1, f"this needs the package '{e.name}' (pip install {e.name})" if e.name else str(e)
         if isinstance(e, OSError) and e.strerror:
             return 1, f"{e.strerror}: {e.filename or ''}"
+        e, depth = e.__cause__ or e.__context__, depth + 1
     return None, ""
-
-
-def causes(error: BaseException) -> list[BaseException]:
-    chain = [error]
-    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 20:
-        chain.append(cause)
-    return chain
 
 
 def build(args: list[str], subcommand: str = "fit", **kwargs) -> TrainCLI:

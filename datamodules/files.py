@@ -13,15 +13,12 @@ TEMPORARY = re.compile(r"\.(\d+)@(.+)\.tmp(\.\w+)?$")  # .NAME.PID@HOST.tmp[.SUF
 
 @contextlib.contextmanager
 def written_whole(path, suffix: str = ""):
-    """A temporary path beside `path` to write it through, renamed over it once the block has written it all: on
-    the target's own disk (a move from another disk is a copy, which a full disk leaves half done under the final
-    name). An error or a signal leaves no temporary file, and a killed writer's goes at the next write into the
-    folder; an OSError names `path`. `suffix` ends the temporary name, for writers that insist on an extension."""
+    """A temporary path beside `path` to write it through, renamed over it once written (on its own disk: a move
+    from another is a copy, which a full disk leaves half done). An error or a signal leaves no temporary file, a
+    killed writer's goes at the next write there; an OSError names `path`; `suffix` ends the temporary name."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}@{HOST}.tmp{suffix}")
     try:
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "a folder, not a file", str(path))
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_leftovers(path.parent)
         tmp.touch()
@@ -46,9 +43,6 @@ def remove_leftovers(folder: Path) -> None:
 
 def alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
+        return os.kill(pid, 0) is None
+    except OSError as e:
+        return e.errno == errno.EPERM  # another user's

@@ -255,8 +255,6 @@ class ImageClassifier(L.LightningModule):
                              f"{type(data).__name__} has {tuple(shape or ())} images of {len(classes or [])} classes "
                              f"({', '.join((classes or [])[:3])}, ...)")
 
-    # --- using the model -----------------------------------------------------------------------------
-
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on the same 0..255 scale)."""
         if self.net is None or self.hparams.mean is None:
@@ -287,8 +285,6 @@ class ImageClassifier(L.LightningModule):
             return self(to_uint8_batch(images, tuple(self.hparams.image_shape)).to(self.device)).softmax(1)
         finally:
             self.train(was_training)
-
-    # --- training --------------------------------------------------------------------------------------
 
     def logs_at(self, batch_idx: int) -> bool:
         """Whether a training step logs train/loss and train/acc (the means since the last time): where Lightning's
@@ -397,8 +393,6 @@ class ImageClassifier(L.LightningModule):
             raise ModelError(f"the weights became NaN or infinite in epoch {self.current_epoch} (by step "
                              f"{self.global_step}); no checkpoint holds them. Try a lower learning rate (--model.lr)")
 
-    # --- evaluation ------------------------------------------------------------------------------------
-
     def _evaluate(self, batch, stage: str) -> torch.Tensor:
         images, labels = batch
         self.check_batch(images)
@@ -435,8 +429,6 @@ class ImageClassifier(L.LightningModule):
         """Class probabilities for a batch of uint8 images, or of (images, labels)."""
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(images).softmax(1)
-
-    # --- optimisation ------------------------------------------------------------------------------------
 
     @property
     def per_step_schedule(self) -> bool:

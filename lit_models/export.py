@@ -35,8 +35,6 @@ def new_file(folder: Path, stem: str, suffix: str) -> Path:
     return path
 
 
-# --- predict ----------------------------------------------------------------------------------------------------
-
 def find_images(inputs: list[str]) -> list[Path]:
     """The image files --inputs names: files as given, folders searched recursively (by extension), globs."""
     found = []
@@ -121,8 +119,6 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
     return {"stage": "predict", "output": str(target), "images": len(writer.rows), "accuracy": accuracy,
             "unreadable": writer.failures, "seconds": seconds}
 
-
-# --- export -----------------------------------------------------------------------------------------------------
 
 class Servable(nn.Module):
     """The model as a server runs it: uint8 images (N, C, H, W) in, class probabilities out."""
