@@ -287,9 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         opts, base = parse(argv)
         space = search_space(opts)
         seed = int(train.option(base, "--seed_everything")[0] or 0)
-        # A command line train.py refuses stops the sweep here, before any trial (jsonargparse exits 2).
-        first = {k: (v[0] if isinstance(v, list) else v["low"]) for k, v in space.items()}
-        train.TrainCLI(train.expand(trial_args(base, first, seed) + ["--trainer.logger=false"]))
+        # A command line train.py refuses stops the sweep here, before any trial (jsonargparse exits 2): each value
+        # of a grid, and a range's ends, with the first of the others.
+        ends = {k: (v if isinstance(v, list) else [v["low"], v["high"]]) for k, v in space.items()}
+        first = {k: v[0] for k, v in ends.items()}
+        for params in [first] + [first | {k: v} for k, values in ends.items() for v in values[1:]]:
+            train.build(train.expand(trial_args(base, params, seed) + ["--trainer.logger=false"]))
         name = opts.name or "sweep-" + hashlib.sha1(repr((base, space, opts.seeds)).encode()).hexdigest()[:8]
         folder = (Path("lightning_logs") / "sweeps" / name).resolve()
         folder.mkdir(parents=True, exist_ok=True)
@@ -327,9 +330,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sweep.py: stopped{how} with {sum(t.state in DONE for t in study.trials)} trials complete or "
                   f"pruned; the same command goes on with the study", file=sys.stderr)
         return code
-    except train.UsageError as e:
-        print(f"sweep.py: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # a UsageError (2), or what train.py says in one line of a trial's model or data (1)
+        code, message = train.explain(e)
+        if code is None:
+            raise
+        print(f"sweep.py: error: {message}", file=sys.stderr)
+        return code
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
     finally:

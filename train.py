@@ -6,6 +6,7 @@ short name (datamodules.DATA). A run writes lightning_logs/version_N/: TensorBoa
 config.yaml (`--config` of it runs it again) and results.json.
 """
 
+import fcntl
 import inspect
 import json
 import os
@@ -25,6 +26,8 @@ from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -32,7 +35,9 @@ from packaging.version import InvalidVersion, Version
 
 import datamodules
 from datamodules import DataError
+from datamodules.files import remove_leftovers, written_whole
 from lit_models import NETWORKS, ImageClassifier, LastCheckpoint, ModelError, TimedProgressBar, TrainingSpeed
+from lit_models.callbacks import WholeCheckpointIO
 from lit_models.networks import import_class
 
 # A torch.device in a configuration (StochasticWeightAveraging's default one) written and read back as its name:
@@ -137,6 +142,12 @@ class TrainCLI(LightningCLI):
         if torch.cuda.is_available():
             torch.set_float32_matmul_precision("high")  # TF32 for what stays in float32
 
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a plugin of the user's
+            trainer.strategy.checkpoint_io = WholeCheckpointIO()
+        return trainer
+
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         # The network, sized from the data, before anything looks at the model: callbacks such as
@@ -189,8 +200,6 @@ def check_parts(model: Namespace, args: list[str]) -> None:
                                   file=sys.stderr)
 
 
-# --- finding checkpoints -----------------------------------------------------------------------------------------
-
 def read_checkpoint(path: Path) -> dict:
     """A checkpoint file's contents, checked to be an ImageClassifier's."""
     if not path.is_file():
@@ -199,6 +208,7 @@ def read_checkpoint(path: Path) -> dict:
         damaged = zipfile.ZipFile(path).testzip()
     except (zipfile.BadZipFile, OSError, EOFError):  # not a whole zip: torch.load below says so
         damaged = None
+    remove_leftovers(path.parent)  # of a write into its folder that was killed
     if damaged:
         raise ModelError(f"checkpoint {path} is damaged ({damaged} fails its check) or not a checkpoint")
     try:
@@ -207,9 +217,6 @@ def read_checkpoint(path: Path) -> dict:
         raise ModelError(f"checkpoint {path} cannot be read; it may be truncated or not a checkpoint "
                          f"({type(e).__name__})") from None
     hparams = contents.get("hyper_parameters") if isinstance(contents, dict) else None
-    if isinstance(hparams, dict) and "arch" in hparams:
-        raise ModelError(f"{path} was saved by an earlier version of this project (--model.arch, now --model.net): "
-                         f"train it again")
     if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
         raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no net among its "
                          f"hyperparameters)")
@@ -354,8 +361,6 @@ def sets_model(config: str) -> bool:
     return True
 
 
-# --- the commands ------------------------------------------------------------------------------------------------
-
 @contextmanager
 def ctrl_c_stops_after_the_step(stopped: list):
     """The first Ctrl-C stops training as SIGTERM does, between two steps, with a checkpoint to resume from; a
@@ -373,10 +378,26 @@ def ctrl_c_stops_after_the_step(stopped: list):
         signal.signal(signal.SIGINT, previous)
 
 
+def claim_version(logger) -> None:
+    """A new run's folder of its own: Lightning's TensorBoardLogger and CSVLogger pick the next free version_N without
+    a lock (Lightning-AI/pytorch-lightning#11418), so on the launch's rank 0 (whose log_dir Lightning gives the
+    others) the pick and the folder's creation are made under a lock of the loggers' folder."""
+    first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))  # (Lightning's rank ignores it)
+    if first and isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        Path(logger.root_dir).mkdir(parents=True, exist_ok=True)
+        folder = os.open(logger.root_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            Path(logger.log_dir).mkdir(parents=True, exist_ok=True)
+        finally:
+            os.close(folder)
+
+
 def fit(cli: TrainCLI, verbose: bool = True) -> dict:
     """Fit, then test the best checkpoint (the last weights without one); results.json in the run's directory."""
     trainer, model, data, ckpt_path = cli.trainer, cli.model, cli.datamodule, cli.config.ckpt_path
     ctrl_c, start = [], time.perf_counter()
+    claim_version(trainer.logger)
     try:
         with ctrl_c_stops_after_the_step(ctrl_c):
             trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
@@ -393,11 +414,15 @@ def fit(cli: TrainCLI, verbose: bool = True) -> dict:
     trainer.enable_autolog_hparams = False
     best = next((c.best_model_path for c in sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)), "")
     try:
+        if trainer.received_sigterm:  # after the last step: Lightning's loop ended, and its test would reset it
+            raise SIGTERMException
         metrics = evaluate(trainer, "test", model, data, best or None, verbose)
     except SIGTERMException:
         run = trainer.log_dir if trainer.loggers else best or "CHECKPOINT"
-        raise Stopped(f"stopped by SIGTERM while testing after the fit, whose checkpoints are whole: "
-                      f"train.py test --ckpt_path {run} tests it", 143) from None
+        testing = trainer.state.fn == "test"
+        when = "while testing after the fit, whose" if testing else "after the fit, before its test; its"
+        raise Stopped(f"stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} {when} checkpoints are whole: train.py test "
+                      f"--ckpt_path {run} tests it", 130 if ctrl_c else 143) from None
     speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())
     return report(cli, "fit", metrics, best or None, {
         "fit_seconds": round(fit_seconds, 2), "train_images_per_second": round(speed.images_per_second, 1),
@@ -433,7 +458,8 @@ def report(cli: TrainCLI, stage: str, metrics: dict, checkpoint: str | None, ext
     if trainer.is_global_zero:
         if record["log_dir"]:
             finite = json.loads(json.dumps(record), parse_constant=lambda nan: None)  # NaN: null, valid JSON
-            Path(record["log_dir"], "results.json").write_text(json.dumps(finite, indent=2) + "\n")
+            with written_whole(Path(record["log_dir"], "results.json")) as tmp:
+                tmp.write_text(json.dumps(finite, indent=2) + "\n")
         best = record["val/acc_best"]
         validation = f"best val/acc {best:.4f}" if best is not None else "no validation"
         source = (f"({validation}) after {record['epochs']} epochs, fit in {record['fit_seconds']:.1f} s"
@@ -466,6 +492,7 @@ def use_checkpoint(cli: TrainCLI, subcommand: str, path: Path, contents: dict) -
         raise UsageError(f"--format {cli.config.format}: choose one of {', '.join(export.FORMATS)}")
     cli.model.check_weights(contents["state_dict"])  # a checkpoint edited by hand: refused before anything starts
     if subcommand in ("test", "validate"):  # Lightning loads the weights from ckpt_path
+        claim_version(cli.trainer.logger)
         return report(cli, subcommand, evaluate(cli.trainer, subcommand, cli.model, cli.datamodule, str(path)),
                       str(path), {})
     cli.model.load_state_dict(contents["state_dict"])
@@ -545,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
 def explain(error: BaseException) -> tuple[int | None, str]:
     """The exit code and one line for what a user can fix, found among the error and its causes (jsonargparse
     wraps what a class raises while it builds it); (None, "") for a bug."""
-    for e in causes(error):
+    e, depth = error, 0
+    while e is not None and depth < 20:
         if isinstance(e, Stopped):
             return e.exit_code, str(e)
         if isinstance(e, (UsageError, MisconfigurationException)):
@@ -560,14 +588,8 @@ def explain(error: BaseException) -> tuple[int | None, str]:
             return 1, f"this needs the package '{e.name}' (pip install {e.name})" if e.name else str(e)
         if isinstance(e, OSError) and e.strerror:
             return 1, f"{e.strerror}: {e.filename or ''}"
+        e, depth = e.__cause__ or e.__context__, depth + 1
     return None, ""
-
-
-def causes(error: BaseException) -> list[BaseException]:
-    chain = [error]
-    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 20:
-        chain.append(cause)
-    return chain
 
 
 def build(args: list[str], subcommand: str = "fit", **kwargs) -> TrainCLI:

@@ -1,6 +1,7 @@
 """What every data module shares: a seeded validation split, the training images' statistics, and batches cut
 from uint8 tensors that live on the training device, augmented there."""
 
+import functools
 import math
 from typing import Optional, Union
 
@@ -11,6 +12,12 @@ import torch.nn.functional as F
 
 class DataError(RuntimeError):
     """The data cannot be found, fetched or read; the message says what to do about it."""
+
+
+def download_error(error: Exception) -> str:
+    """The last line of a download error (torchvision's list one line per mirror tried)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
 
 
 _MASK64 = (1 << 64) - 1
@@ -79,9 +86,8 @@ class DeviceBatches:
                  shuffle: bool = True, crop_padding: int = 0, flip: bool = False, seed: int = 0, rank: int = 0,
                  world_size: int = 1, to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
-        self.to_float = to_float
         self.shuffle, self.crop_padding, self.flip, self.seed = shuffle and train, crop_padding, flip, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.to_float = rank, world_size, to_float
         self.epoch, self.yielded, self._resume = 0, 0, None
         if train:
             self.num_samples = len(images) // world_size
@@ -112,16 +118,15 @@ class DeviceBatches:
     def __iter__(self):
         device = self.images.device
         generator = torch.Generator(device=device)
-        start, self._resume = (self._resume or {}).get("batches", 0) if (self._resume or {}).get("epoch") == \
-            self.epoch else 0, None
-        if not self.train:
-            order = self.indices
-        elif self.shuffle:
+        resume, self._resume = self._resume or {}, None
+        start = resume.get("batches", 0) if resume.get("epoch") == self.epoch else 0
+        if self.shuffle:
             order = torch.randperm(len(self.images), device=device,
                                    generator=generator.manual_seed(mix_seed(self.seed, self.epoch)))
-            order = order[self.rank::self.world_size][:self.num_samples]
         else:
-            order = torch.arange(len(self.images), device=device)[self.rank::self.world_size][:self.num_samples]
+            order = torch.arange(len(self.images), device=device) if self.train else self.indices
+        if self.train:
+            order = order[self.rank::self.world_size][:self.num_samples]
         for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
             # index_select, not images[index]: on a CPU advanced indexing of uint8 images is many times slower.
@@ -214,7 +219,6 @@ class ImageDataModule(L.LightningDataModule):
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
         self._train_state: Optional[dict] = None
-        self._stats: Optional[tuple[list[float], list[float]]] = None
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 images (N, C, H, W) and int64 labels (N,) of "train", "test" (or "val", see has_val_split)."""
@@ -231,17 +235,16 @@ class ImageDataModule(L.LightningDataModule):
     @property
     def mean(self) -> list[float]:
         """Per-channel mean of the training images, on the 0..1 scale."""
-        return self._statistics()[0]
+        return self._statistics[0]
 
     @property
     def std(self) -> list[float]:
         """Per-channel standard deviation of the training images, on the 0..1 scale."""
-        return self._statistics()[1]
+        return self._statistics[1]
 
+    @functools.cached_property
     def _statistics(self) -> tuple[list[float], list[float]]:
-        if self._stats is None:
-            self._stats = channel_stats(self._split("train")[0])
-        return self._stats
+        return channel_stats(self._split("train")[0])
 
     def setup(self, stage: str) -> None:
         wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}[stage]
@@ -315,5 +318,4 @@ class ImageDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DeviceBatches:
         return self._eval_batches("test")
 
-    def predict_dataloader(self) -> DeviceBatches:
-        return self._eval_batches("test")
+    predict_dataloader = test_dataloader  # predictions are of the test images

@@ -9,8 +9,7 @@ import torch
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.utils import check_integrity
 
-from datamodules.base import DataError, ImageDataModule
-from datamodules.mnist import download_error
+from datamodules.base import DataError, ImageDataModule, download_error
 
 
 class CIFAR10DataModule(ImageDataModule):

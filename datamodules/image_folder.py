@@ -1,11 +1,9 @@
 """Your own images: a folder with train/<class>/, test/<class>/ and optionally val/<class>/ image files."""
 
-import contextlib
 import hashlib
 import io
 import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Iterator, Literal, Optional, Union
@@ -15,6 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from datamodules.base import DataError, DiskImages, ImageDataModule
+from datamodules.files import written_whole
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
 
 
@@ -130,7 +129,7 @@ class ImageFolderDataModule(ImageDataModule):
         except (OSError, ValueError):  # none yet, or not whole: decode again
             pass
         try:
-            with _replacing(path) as file:
+            with written_whole(path) as tmp, open(tmp, "w+b") as file:
                 self._decode(split, files, file)
         except OSError as e:
             warnings.warn(f"could not write the image cache {path} ({e}); decoding again next run")
@@ -180,18 +179,3 @@ def _stat(path: Path):
         return path.stat()
     except OSError:  # a dangling link: decoding names it
         return None
-
-
-@contextlib.contextmanager
-def _replacing(path: Path):
-    """A file to write `path` through, renamed into place once the block has written it all: a reader never sees
-    half of one, a killed run leaves none, and an error leaves no temporary file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    file = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False)
-    try:
-        with file:
-            yield file
-        os.replace(file.name, path)
-    finally:
-        Path(file.name).unlink(missing_ok=True)
-

@@ -21,10 +21,9 @@ def to_8bit(image: Image.Image) -> Image.Image:
     if image.mode == "F":
         out = np.clip(np.nan_to_num(values.astype(np.float64), nan=0.0), 0, 1) * (256 - 1e-3)
         return Image.fromarray(out.astype(np.uint8), "L")
-    bits = 16  # what PNG, PGM (scaled by PIL) and 16-bit TIFFs hold; a TIFF says how many bits it has
-    if 258 in getattr(image, "tag_v2", {}):
-        bits = image.tag_v2[258][0] if isinstance(image.tag_v2[258], tuple) else image.tag_v2[258]
-    bits = min(bits, 31)  # 32-bit values are PIL's int32: 0..2^31 - 1, as torchvision scales int32
+    # 16: what PNG, PGM (scaled by PIL) and 16-bit TIFFs hold; a TIFF says how many bits it has (its tag 258)
+    bits = getattr(image, "tag_v2", {}).get(258, 16)
+    bits = min(bits[0] if isinstance(bits, tuple) else bits, 31)  # 32 bits: PIL's int32, scaled as torchvision does
     values = np.clip(values.astype(np.int64), 0, 2 ** bits - 1) >> (bits - 8)
     return Image.fromarray(values.astype(np.uint8), "L")
 

@@ -6,13 +6,7 @@ from pathlib import Path
 import torch
 from torchvision.datasets import MNIST, FashionMNIST
 
-from datamodules.base import DataError, ImageDataModule
-
-
-def download_error(error: Exception) -> str:
-    """The last line of a download error (torchvision's list one line per mirror tried)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
+from datamodules.base import DataError, ImageDataModule, download_error
 
 
 class MNISTDataModule(ImageDataModule):

@@ -1,5 +1,7 @@
-"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA."""
+"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA; the
+checkpoint writer."""
 
+import io
 import math
 import signal
 import sys
@@ -8,8 +10,25 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.swa_utils import get_ema_multi_avg_fn
+
+from datamodules.files import written_whole
+
+
+class WholeCheckpointIO(TorchCheckpointIO):
+    """Lightning's TorchCheckpointIO, writing through a temporary file beside the checkpoint (`written_whole`), not
+    in the system's temporary folder (a full disk left a truncated checkpoint under its final name): train.py's
+    default. Paths with a protocol (s3://) and storage options go to Lightning's."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()  # torch.save turns a write error into a RuntimeError without a reason: errors as OSError
+        torch.save(checkpoint, buffer)
+        with written_whole(path) as tmp, open(tmp, "wb") as file:
+            file.write(buffer.getbuffer())
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -114,28 +133,13 @@ class TimedProgressBar(TQDMProgressBar):
             0.1 if sys.stdout.isatty() else 30.0  # where Lightning's bars write
         self._drawn = -math.inf
 
-    def _due(self, batch_idx: int, total: float) -> bool:
+    def _should_update(self, current: int, total: int) -> bool:
+        # What Lightning's bar asks at every batch of every stage: a private method, which docs/design.md names.
         now = time.monotonic()
-        if now - self._drawn >= self.refresh_seconds or batch_idx + 1 >= total:
+        if self.is_enabled and (now - self._drawn >= self.refresh_seconds or current >= total):
             self._drawn = now
             return True
         return False
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self._due(batch_idx, self.total_train_batches):
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if self._due(batch_idx, self.total_val_batches_current_dataloader):
-            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if self._due(batch_idx, self.total_test_batches_current_dataloader):
-            super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
-
-    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if self._due(batch_idx, self.total_predict_batches_current_dataloader):
-            super().on_predict_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 
 class EMA(WeightAveraging):

@@ -33,14 +33,13 @@ def as_spec(part):
     anything else (LightningCLI's own partials, whose configuration LightningCLI records itself) as it is."""
     if isinstance(part, str):
         try:
-            cls = network_class(part)
+            part = network_class(part)
         except ValueError as e:
             raise ModelError(str(e)) from None
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": {}}
+    if isinstance(part, type):
+        part = functools.partial(part)
     if isinstance(part, functools.partial) and isinstance(part.func, type) and not part.args:
         return {"class_path": f"{part.func.__module__}.{part.func.__qualname__}", "init_args": dict(part.keywords)}
-    if isinstance(part, type):
-        return {"class_path": f"{part.__module__}.{part.__qualname__}", "init_args": {}}
     return part
 
 
@@ -113,9 +112,7 @@ class ImageClassifier(L.LightningModule):
                              f"and --model.cutmix {cutmix} at least 0")
         net = TutorialCNN if net is None else net
         self.net_factory, self.optimizer_factory, self.scheduler_factory = map(as_factory, (net, optimizer, scheduler))
-        # Hyperparameters are data: the parts as {class_path, init_args}, so that a checkpoint loads with torch's
-        # weights_only=True and rebuilds the same network, optimizer and schedule (LightningCLI records its own
-        # configuration of them in the same form).
+        # Hyperparameters are data (as_spec): a checkpoint rebuilds the same network, optimizer and schedule.
         net, optimizer, scheduler = map(as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
         self.net = None
@@ -159,9 +156,8 @@ class ImageClassifier(L.LightningModule):
         self.net = net
         # Buffers, so that the normalisation travels with the weights (and a loaded checkpoint's wins); until the
         # data module gives its statistics (take_from_data), none.
-        channels = hp.image_shape[0]
-        self.register_buffer("mean", torch.zeros(1, channels, 1, 1))
-        self.register_buffer("std", torch.ones(1, channels, 1, 1))
+        self.register_buffer("mean", torch.zeros(1, hp.image_shape[0], 1, 1))
+        self.register_buffer("std", torch.ones(1, hp.image_shape[0], 1, 1))
         if hp.mean is not None and hp.std is not None:
             self._set_normalisation()
         self.test_confusion = MulticlassConfusionMatrix(hp.num_classes, validate_args=False)
@@ -259,8 +255,6 @@ class ImageClassifier(L.LightningModule):
                              f"{type(data).__name__} has {tuple(shape or ())} images of {len(classes or [])} classes "
                              f"({', '.join((classes or [])[:3])}, ...)")
 
-    # --- using the model -----------------------------------------------------------------------------
-
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on the same 0..255 scale)."""
         if self.net is None or self.hparams.mean is None:
@@ -291,8 +285,6 @@ class ImageClassifier(L.LightningModule):
             return self(to_uint8_batch(images, tuple(self.hparams.image_shape)).to(self.device)).softmax(1)
         finally:
             self.train(was_training)
-
-    # --- training --------------------------------------------------------------------------------------
 
     def logs_at(self, batch_idx: int) -> bool:
         """Whether a training step logs train/loss and train/acc (the means since the last time): where Lightning's
@@ -396,23 +388,18 @@ class ImageClassifier(L.LightningModule):
     def raise_if_not_finite(self) -> None:
         """A ModelError if a weight of the network is NaN or infinite: a diverged run stops before a checkpoint, an
         export or a test holds it."""
-        if self.net is not None:
-            # Not a collective: every process holds the same weights, and stops alike.
-            if not torch.stack([p.isfinite().all() for p in self.net.parameters()]).all():
-                raise ModelError(f"the weights became NaN or infinite in epoch {self.current_epoch} (by step "
-                                 f"{self.global_step}); no checkpoint holds them. Try a lower learning rate "
-                                 f"(--model.lr)")
-
-    # --- evaluation ------------------------------------------------------------------------------------
+        # Not a collective: every process holds the same weights, and stops alike.
+        if self.net is not None and not torch.stack([p.isfinite().all() for p in self.net.parameters()]).all():
+            raise ModelError(f"the weights became NaN or infinite in epoch {self.current_epoch} (by step "
+                             f"{self.global_step}); no checkpoint holds them. Try a lower learning rate (--model.lr)")
 
     def _evaluate(self, batch, stage: str) -> torch.Tensor:
         images, labels = batch
         self.check_batch(images)
         logits = self(images)
-        correct = (logits.argmax(1) == labels).float()
         loss, acc = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
         loss.update(F.cross_entropy(logits, labels, reduction="none"))  # per image: exact means, last batch too
-        acc.update(correct)
+        acc.update((logits.argmax(1) == labels).float())
         self.log_dict({f"{stage}/loss": loss, f"{stage}/acc": acc}, on_epoch=True, prog_bar=stage == "val")
         return logits
 
@@ -442,8 +429,6 @@ class ImageClassifier(L.LightningModule):
         """Class probabilities for a batch of uint8 images, or of (images, labels)."""
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(images).softmax(1)
-
-    # --- optimisation ------------------------------------------------------------------------------------
 
     @property
     def per_step_schedule(self) -> bool:

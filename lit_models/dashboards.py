@@ -17,6 +17,7 @@ LAYOUT = {"train vs val": {"loss": ["Multiline", ["^train/loss_step$", "^train/l
                            "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]]}}
 TILE, LINE, PAD = 96, 14, 4  # a test image is enlarged to about TILE pixels, with two lines of LINE under it
 GREEN, RED, GREY = (0, 120, 0), (200, 0, 0), (90, 90, 90)
+FONT = ImageFont.load_default(size=LINE - 2)
 
 
 class Dashboards(L.Callback):
@@ -42,8 +43,7 @@ class Dashboards(L.Callback):
         self.started: set[str] = set()  # the TensorBoard runs whose layout and settings are written
         self.shown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    # --- the start of a run: before Lightning logs its hyperparameters (at fit, the optimizers exist then) -------
-
+    # The start of a run: before Lightning logs its hyperparameters (at fit, the optimizers exist then).
     def setup(self, trainer, pl_module, stage):
         if stage in ("validate", "test"):
             self.start(trainer, pl_module)
@@ -57,13 +57,10 @@ class Dashboards(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
                 self.started.add(logger.log_dir)
-                writer = logger.experiment
-                writer.add_custom_scalars(LAYOUT)
+                logger.experiment.add_custom_scalars(LAYOUT)
                 if trainer.enable_autolog_hparams:
                     for summary in hparams(settings(trainer, pl_module), dict.fromkeys(self.metrics, 0.0)):
-                        writer.file_writer.add_summary(summary)
-
-    # --- test --------------------------------------------------------------------------------------------------
+                        logger.experiment.file_writer.add_summary(summary)
 
     def on_test_epoch_start(self, trainer, pl_module):
         self.shown = []
@@ -113,8 +110,6 @@ def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
         logger.experiment.log_image(logger.run_id, image, artifact_file=f"{tag}.png")
 
 
-# --- the HParams tab's columns ---------------------------------------------------------------------------------
-
 def settings(trainer, pl_module) -> dict[str, str | int | float]:
     """The run's settings as HParams columns: the model's and data module's hyperparameters as they were given
     (`model/...`, `data/...`), the optimizers' classes and numeric settings, the schedules' classes, the epochs."""
@@ -155,24 +150,16 @@ def flatten(params: Mapping, prefix: str = "") -> dict[str, str | int | float]:
             columns[name] = str(value).lower()
         elif isinstance(value, (int, float, str)):
             columns[name] = value
-        elif isinstance(value, type):
-            columns[name] = value.__name__
-        elif isinstance(value, torch.nn.Module):
-            columns[name] = type(value).__name__
+        elif isinstance(value, (type, torch.nn.Module)):  # a class, or a module by its class
+            columns[name] = (value if isinstance(value, type) else type(value)).__name__
         elif isinstance(value, (list, tuple)) and len(value) <= 4 and all(isinstance(v, (int, float, str))
                                                                            for v in value):
             columns[name] = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
     return columns
 
 
-# --- drawing ---------------------------------------------------------------------------------------------------
-
-def font() -> ImageFont.ImageFont:
-    return ImageFont.load_default(size=LINE - 2)
-
-
 def fit_text(draw: ImageDraw.ImageDraw, text: str, width: int) -> str:
-    while text and draw.textlength(text, font=font()) > width:
+    while text and draw.textlength(text, font=FONT) > width:
         text = text[:-1]
     return text
 
@@ -202,7 +189,7 @@ def prediction_grid(images: torch.Tensor, labels: torch.Tensor, predicted: torch
         captions = ((names[labels[i]], GREY), (names[predicted[i]], RED if wrong else GREEN))
         for line, (text, colour) in enumerate(captions):
             draw.text((x + PAD, y + 2 * PAD + tile.height + line * LINE), fit_text(draw, text, cell_w - 2 * PAD),
-                      fill=colour, font=font())
+                      fill=colour, font=FONT)
     return grid
 
 
@@ -211,8 +198,7 @@ def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -
     class names: each cell shaded by its share of the row, so that a class's recall is its diagonal's shade."""
     k = len(confusion)
     cell = max(12, min(cell, 640 // k))
-    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    margin = int(max(draw.textlength(name, font=font()) for name in names)) + 3 * PAD + LINE
+    margin = int(max(FONT.getlength(name) for name in names)) + 3 * PAD + LINE
     image = Image.new("RGB", (margin + k * cell + PAD, margin + k * cell + PAD), "white")
     draw = ImageDraw.Draw(image)
     share = (confusion / confusion.sum(1, keepdim=True).clamp(min=1)).numpy()
@@ -223,13 +209,13 @@ def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -
             draw.rectangle(box, fill=shade)
             if cell >= 24:
                 draw.text((box[0] + cell // 2, box[1] + cell // 2), str(int(confusion[r, c])), anchor="mm",
-                          fill="white" if share[r, c] > 0.5 else "black", font=font())
-        draw.text((margin - PAD, margin + r * cell + cell // 2), names[r], anchor="rm", fill="black", font=font())
+                          fill="white" if share[r, c] > 0.5 else "black", font=FONT)
+        draw.text((margin - PAD, margin + r * cell + cell // 2), names[r], anchor="rm", fill="black", font=FONT)
     # Column names read upwards: drawn in a strip that is then turned a quarter to the left.
     strip = Image.new("RGB", (margin - LINE, k * cell), "white")
     strip_draw = ImageDraw.Draw(strip)
     for c in range(k):
-        strip_draw.text((PAD, c * cell + cell // 2), names[c], anchor="lm", fill="black", font=font())
+        strip_draw.text((PAD, c * cell + cell // 2), names[c], anchor="lm", fill="black", font=FONT)
     image.paste(strip.rotate(90, expand=True), (margin, LINE))
-    draw.text((PAD, PAD), "true \\ predicted", fill=GREY, font=font())
+    draw.text((PAD, PAD), "true \\ predicted", fill=GREY, font=FONT)
     return image

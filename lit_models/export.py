@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
+from datamodules.files import written_whole
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
 from lit_models.classifier import ImageClassifier, ModelError
 
@@ -33,30 +34,6 @@ def new_file(folder: Path, stem: str, suffix: str) -> Path:
         path, k = folder / f"{stem}-{k}{suffix}", k + 1
     return path
 
-
-class WrittenWhole:
-    """A file written to a temporary name beside it and renamed into place when all went well: a failure
-    leaves nothing half-written under its name."""
-
-    def __init__(self, path: Path, suffix: str = ""):
-        if path.is_dir():
-            raise ModelError(f"--output {path} is a folder; name a file")
-        self.path, self.tmp = path, path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
-
-    def __enter__(self) -> Path:
-        try:
-            self.tmp.touch()
-        except OSError as e:
-            raise ModelError(f"--output {self.path} cannot be written ({e.strerror})") from None
-        return self.tmp
-
-    def __exit__(self, kind, value, traceback):
-        if kind is None:
-            os.replace(self.tmp, self.path)
-        self.tmp.unlink(missing_ok=True)
-
-
-# --- predict ----------------------------------------------------------------------------------------------------
 
 def find_images(inputs: list[str]) -> list[Path]:
     """The image files --inputs names: files as given, folders searched recursively (by extension), globs."""
@@ -118,7 +95,7 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
     loader = ImageFiles(paths, channels, (height, width)).loader() if paths else None
     target = Path(output).expanduser() if output else \
         new_file(checkpoint.parent.parent, f"predictions-{datetime.now():%Y%m%d-%H%M%S}", ".csv")
-    with WrittenWhole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
+    with written_whole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
         writer = CSVPredictions(file, model.class_names, [str(p) for p in paths] if paths else None)
         trainer.callbacks.append(writer)
         start = time.perf_counter()
@@ -142,8 +119,6 @@ def predict(trainer: L.Trainer, model: ImageClassifier, data, checkpoint: Path, 
     return {"stage": "predict", "output": str(target), "images": len(writer.rows), "accuracy": accuracy,
             "unreadable": writer.failures, "seconds": seconds}
 
-
-# --- export -----------------------------------------------------------------------------------------------------
 
 class Servable(nn.Module):
     """The model as a server runs it: uint8 images (N, C, H, W) in, class probabilities out."""
@@ -179,7 +154,7 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
     meta = {"classes": json.dumps(model.class_names), "image_shape": json.dumps(list(hp.image_shape)),
             "input": "uint8 images (N, C, H, W), 0..255", "output": "class probabilities (N, classes)"}
     batch = torch.export.Dim("batch")
-    with WrittenWhole(target, FORMATS[fmt]) as tmp:  # torch.export.load insists on the .pt2 extension
+    with written_whole(target, FORMATS[fmt]) as tmp:  # torch.export.load insists on the .pt2 extension
         if fmt == "onnx":
             import onnx
             import onnxruntime

@@ -30,8 +30,6 @@ class TutorialCNN(nn.Sequential):
     """The CIFAR-10 tutorial's LeNet-style CNN (`--model.net cnn`): conv5-ReLU-pool2 blocks, then ReLU layers.
 
     Args:
-        image_shape: (channels, height, width) of the input, from the data.
-        num_classes: outputs, from the data.
         channels: output channels of each convolution block (their number is the depth); the tutorial's [6, 16].
         hidden: widths of the fully connected hidden layers; the tutorial's [120, 84].
     """
@@ -62,8 +60,6 @@ class TutorialMLP(nn.Sequential):
     """The MNIST tutorial's MLP (`--model.net mlp`): input -> hidden ReLU layers -> classes.
 
     Args:
-        image_shape: (channels, height, width) of the input, from the data.
-        num_classes: outputs, from the data.
         hidden: the width of the hidden layer, or a list of widths, one per hidden layer; the tutorial's 128.
     """
 

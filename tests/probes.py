@@ -11,7 +11,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 class SignalAt(L.Callback):
     """Sends this process a real signal after optimizer step `step` (or at the start of testing: -1, of a
-    validation: -2, of predicting: -3).
+    validation: -2, of predicting: -3; at the end of training, after its last step and checkpoints: -4).
 
     `rank`: only the process of that global rank sends it; `parent`: to its parent (a node's torchrun) instead."""
 
@@ -32,6 +32,10 @@ class SignalAt(L.Callback):
 
     def on_predict_start(self, trainer, pl_module):
         if self.step == -3:
+            os.kill(os.getpid(), self.signal)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.step == -4:
             os.kill(os.getpid(), self.signal)
 
 

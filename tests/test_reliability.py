@@ -2,10 +2,14 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, results, run_process, run_train, runs, scalars
+from conftest import QUIET, ROOT, TRAIN, results, run_process, run_train, runs, scalars
 
 TESTS = str(ROOT / "tests")
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "3"]  # 8 steps an epoch
@@ -85,6 +89,16 @@ def test_sigterm_while_testing_is_reported_not_hidden(eval_batch_size, mnist_dir
                        env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
     assert proc.returncode == 143 and "stopped by SIGTERM while testing" in proc.stderr.strip().splitlines()[-1]
     assert not (runs(tmp_path)[0] / "results.json").exists()
+
+
+def test_sigterm_after_the_last_step_before_the_test_is_not_lost(mnist_dir, tmp_path):
+    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.callbacks+=probes.SignalAt",
+                        "--trainer.callbacks.step=-4"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    (run,) = runs(tmp_path)
+    assert proc.returncode == 143 and proc.stderr.strip().splitlines()[-1] == (
+        f"train.py: error: stopped by SIGTERM after the fit, before its test; its checkpoints are whole: train.py "
+        f"test --ckpt_path {run} tests it")
+    assert not (run / "results.json").exists() and torch.load(run / "checkpoints" / "last.ckpt")["epoch"] == 2
 
 
 @pytest.mark.parametrize("command, step, said", [
@@ -286,3 +300,79 @@ def test_resuming_a_finished_run_trains_nothing_and_leaves_its_record(trained, m
     assert run_train(["--ckpt_path", str(trained.run / "checkpoints" / "last.ckpt")]) == 0
     assert "finished its 3 epochs" in capsys.readouterr().err
     assert (trained.run / "results.json").read_text() == before
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of 1 MiB (tmpfs), mounted where the machine allows it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small file system needs root")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_really_full_disk_is_named_and_left_with_no_part_of_a_checkpoint(small_disk, mnist_dir, tmp_path):
+    # The checkpoint (1.2 MB with AdamW's state) does not fit; the system's temporary folder is on another disk.
+    temporary = tmp_path / "temporary"
+    temporary.mkdir()
+    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir), "--trainer.default_root_dir", str(small_disk)],
+                       cwd=tmp_path, env={"TMPDIR": str(temporary)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    checkpoints = small_disk / "lightning_logs" / "version_0" / "checkpoints"
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"train.py: error: No space left on device: {checkpoints}/"), message
+    assert not [p for p in small_disk.rglob("*") if p.is_file() and ".ckpt" in p.name]  # nothing half written
+    assert not list(temporary.glob("tmp*"))  # (what Lightning's writer leaves there)
+
+
+def test_files_are_written_whole_and_a_killed_writers_leftovers_go(tmp_path):
+    from datamodules.files import HOST, written_whole
+
+    target = tmp_path / "record.json"
+    target.write_text("old")
+    with pytest.raises(ValueError), written_whole(target) as tmp:
+        tmp.write_text("half")
+        raise ValueError
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["record.json"]
+    writer = (f"import time\nfrom datamodules.files import written_whole\nwith written_whole('{target}') as tmp:\n"
+              f" tmp.write_text('half'); print(tmp, flush=True); time.sleep(60)")
+    killed = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    leftover = Path(killed.stdout.readline().strip())
+    killed.kill()
+    killed.wait()
+    others = [tmp_path / f".x.{os.getpid()}@{HOST}.tmp", tmp_path / f".x.{killed.pid}@another-host.tmp"]
+    for other in others:  # a live writer's, and one of another machine sharing the folder
+        other.touch()
+    assert leftover.is_file() and leftover.parent == tmp_path
+    with written_whole(tmp_path / "other.json") as tmp:
+        tmp.write_text("{}")
+    assert not leftover.exists() and all(p.exists() for p in others) and target.read_text() == "old"
+    with pytest.raises(IsADirectoryError, match=f"Is a directory: '{tmp_path}'"), written_whole(tmp_path):
+        pass
+
+
+def test_checkpoints_are_written_beside_them_unless_the_user_gives_a_checkpoint_io(mnist_dir, tmp_path, monkeypatch):
+    from lightning.pytorch.plugins import AsyncCheckpointIO
+
+    import train
+    from lit_models import WholeCheckpointIO
+
+    monkeypatch.chdir(tmp_path)
+    for plugins, kind in (([], WholeCheckpointIO), (["--trainer.plugins=AsyncCheckpointIO"], AsyncCheckpointIO)):
+        cli = train.build(train.expand(["--model", "mlp", "--data.data_dir", str(mnist_dir), *plugins]))
+        assert type(cli.trainer.strategy.checkpoint_io) is kind
+
+
+def test_runs_started_together_each_get_a_run_of_their_own(mnist_dir, tmp_path):
+    args = [sys.executable, TRAIN, *BASE, "--data.data_dir", str(mnist_dir), "--trainer.max_epochs", "1", *QUIET]
+    procs = [subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [proc.communicate(timeout=240) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], [err[-1500:] for _, err in outputs]
+    folders = runs(tmp_path)
+    assert [f.name for f in folders] == ["version_0", "version_1", "version_2"]
+    assert sorted(results(f)["log_dir"] for f in folders) == sorted(str(f) for f in folders)
+    for folder in folders:
+        assert (folder / "config.yaml").is_file() and len(list((folder / "checkpoints").glob("*.ckpt"))) == 2

@@ -97,15 +97,17 @@ def test_a_failing_trial_fails_alone(mnist_dir, tmp_path):
     assert states == {1e12: "FAIL", 0.01: "COMPLETE"}
 
 
-@pytest.mark.parametrize("args, phrase", [
-    (["--space", "nothing.yaml"], "--space nothing.yaml: cannot read it"),
-    (["--grid", "model.lr"], "--grid model.lr: write KEY=V1,V2"),
-    (["--grid", "model.nothing=1,2"], "nothing"),
-    (["--seeds", "0"], "must be at least 1"),
+@pytest.mark.parametrize("args, phrase, code", [
+    (["--space", "nothing.yaml"], "--space nothing.yaml: cannot read it", 2),
+    (["--grid", "model.lr"], "--grid model.lr: write KEY=V1,V2", 2),
+    (["--grid", "model.nothing=1,2"], "nothing", 2),
+    (["--seeds", "0"], "must be at least 1", 2),
+    (["--grid", "data.batch_size=64,abc"], "batch_size", 2),  # not the first value: none runs either
+    (["--grid", "model.lr=0.01", "--grid", "model.label_smoothing=0,2"], "label_smoothing 2.0 must be in [0, 1]", 1),
 ])
-def test_bad_sweeps_stop_before_any_trial(args, phrase, mnist_dir, tmp_path):
+def test_bad_sweeps_stop_before_any_trial(args, phrase, code, mnist_dir, tmp_path):
     proc = sweep(args, tmp_path, mnist_dir)
-    assert proc.returncode == 2 and phrase in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == code and phrase in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert not list(tmp_path.glob("lightning_logs/sweeps/*/trial_*"))
 
 
