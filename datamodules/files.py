@@ -14,8 +14,8 @@ TEMPORARY = re.compile(r"\.(\d+)@(.+)\.tmp(\.\w+)?$")  # .NAME.PID@HOST.tmp[.SUF
 @contextlib.contextmanager
 def written_whole(path, suffix: str = ""):
     """A temporary path beside `path` to write it through, renamed over it once written (on its own disk: a move
-    from another is a copy, which a full disk leaves half done). An error or a signal leaves no temporary file, a
-    killed writer's goes at the next write there; an OSError names `path`; `suffix` ends the temporary name."""
+    from another is a copy, which a full disk leaves half done). An exception leaves no temporary file, a killed
+    writer's (SIGKILL, SIGTERM's default) goes at the next write there; an OSError names `path`; `suffix` ends it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}@{HOST}.tmp{suffix}")
     try:
