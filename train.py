@@ -379,9 +379,8 @@ def ctrl_c_stops_after_the_step(stopped: list):
 
 
 def claim_version(logger) -> None:
-    """A new run's folder of its own: Lightning's TensorBoardLogger and CSVLogger pick the next free version_N without
-    a lock (Lightning-AI/pytorch-lightning#11418), so on the launch's rank 0 (whose log_dir Lightning gives the
-    others) the pick and the folder's creation are made under a lock of the loggers' folder."""
+    """A run's folder of its own: Lightning's loggers pick the next free version_N unlocked (pytorch-lightning#11418),
+    so rank 0 (whose log_dir Lightning gives the others) picks and makes it under a lock of the loggers' folder."""
     first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))  # (Lightning's rank ignores it)
     if first and isinstance(logger, (TensorBoardLogger, CSVLogger)):
         Path(logger.root_dir).mkdir(parents=True, exist_ok=True)

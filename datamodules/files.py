@@ -19,6 +19,8 @@ def written_whole(path, suffix: str = ""):
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}@{HOST}.tmp{suffix}")
     try:
+        if path.is_dir():  # before the work that would be written, not at the rename after it
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a file", str(path))
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_leftovers(path.parent)
         tmp.touch()

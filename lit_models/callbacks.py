@@ -18,9 +18,8 @@ from datamodules.files import written_whole
 
 
 class WholeCheckpointIO(TorchCheckpointIO):
-    """Lightning's TorchCheckpointIO, writing through a temporary file beside the checkpoint (`written_whole`), not
-    in the system's temporary folder (a full disk left a truncated checkpoint under its final name): train.py's
-    default. Paths with a protocol (s3://) and storage options go to Lightning's."""
+    """TorchCheckpointIO through a temporary file beside the checkpoint (`written_whole`), not the system's temporary
+    folder, where a full disk left a truncated one under its name; train.py's default. s3:// paths: Lightning's."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
         if storage_options is not None or "://" in str(path):

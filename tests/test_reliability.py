@@ -349,7 +349,7 @@ def test_files_are_written_whole_and_a_killed_writers_leftovers_go(tmp_path):
     with written_whole(tmp_path / "other.json") as tmp:
         tmp.write_text("{}")
     assert not leftover.exists() and all(p.exists() for p in others) and target.read_text() == "old"
-    with pytest.raises(IsADirectoryError, match=f"Is a directory: '{tmp_path}'"), written_whole(tmp_path):
+    with pytest.raises(IsADirectoryError, match=f"a folder, not a file: '{tmp_path}'"), written_whole(tmp_path):
         pass
 
 
