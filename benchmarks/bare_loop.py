@@ -22,7 +22,8 @@ import train  # noqa: E402
 
 def main() -> None:
     args = sys.argv[1:]
-    cli = train.TrainCLI(train.expand(args + ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]))
+    quiet = ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]
+    cli = train.TrainCLI(args + quiet, run=False)
     device = cli.trainer.strategy.root_device
     data, recipe = cli.datamodule, cli.model
     data.prepare_data()

@@ -41,12 +41,12 @@ def main() -> None:
     rows: dict[str, list[float]] = {}
     for _ in range(options.rounds):
         for every in (1, 50):
-            run = train.build(train.expand([
+            run = train.TrainCLI([
                 "--model", options.model, "--data", options.data, "--data.data_dir", options.data_dir,
                 "--trainer.max_epochs", str(options.epochs), f"--trainer.log_every_n_steps={every}",
                 "--trainer.profiler=SimpleProfiler", "--trainer.profiler.filename=profile",
                 "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-                "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={logs}"]))
+                "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={logs}"], run=False)
             run.trainer.fit(run.model, datamodule=run.datamodule)
             start = time.perf_counter()
             run.trainer.test(run.model, datamodule=run.datamodule, verbose=False)

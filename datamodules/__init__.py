@@ -1,7 +1,9 @@
-"""LightningDataModules: download, read, split, augment and batch image data sets (one file per data source).
+"""LightningDataModules: download, read, split, augment and batch image data sets (one file per data
+source).
 
-DATA maps the short names `--data NAME` takes to the classes: every ImageDataModule subclass imported here, by
-its `name`. A data set added as a module of this package (a subclass with a `name`) is found without more.
+DATA maps the short names `--data NAME` takes to the classes: every ImageDataModule subclass
+imported here, by its `name`. A data set added as a module of this package (a subclass with a
+`name`) is found without more.
 """
 
 import importlib
@@ -23,5 +25,13 @@ from datamodules.cifar10 import CIFAR10DataModule  # noqa: E402
 from datamodules.image_folder import ImageFolderDataModule  # noqa: E402
 from datamodules.mnist import FashionMNISTDataModule, MNISTDataModule  # noqa: E402
 
-__all__ = ["CIFAR10DataModule", "DATA", "DataError", "DeviceBatches", "FashionMNISTDataModule", "ImageDataModule",
-           "ImageFolderDataModule", "MNISTDataModule"]
+__all__ = [
+    "CIFAR10DataModule",
+    "DATA",
+    "DataError",
+    "DeviceBatches",
+    "FashionMNISTDataModule",
+    "ImageDataModule",
+    "ImageFolderDataModule",
+    "MNISTDataModule",
+]

@@ -1,5 +1,5 @@
-"""What every data module shares: a seeded validation split, the training images' statistics, and batches cut
-from uint8 tensors that live on the training device, augmented there."""
+"""What every data module shares: a seeded validation split, the training images' statistics, and
+batches cut from uint8 tensors that live on the training device, augmented there."""
 
 import functools
 import math
@@ -8,6 +8,8 @@ from typing import Optional, Union
 import lightning as L
 import torch
 import torch.nn.functional as F
+
+from lit_common.seeds import mix_seed
 
 
 class DataError(RuntimeError):
@@ -20,27 +22,14 @@ def download_error(error: Exception) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def mix_seed(*values: int) -> int:
-    """One 63-bit seed from several integers (splitmix64), for torch.Generator.manual_seed: any seed, epoch and
-    batch numbers, without overflow, and well apart for neighbours."""
-    state = 0
-    for value in values:
-        state = (state + (value & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
-        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        state = z ^ (z >> 31)
-    return state >> 1
-
-
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
-    """torchvision's RandomCrop(size, padding) for a whole batch: zero-pad, then each image at its own random
-    offset, in two gathers (no Python loop, no boolean indexing: no host sync on a GPU)."""
+    """torchvision's RandomCrop(size, padding) for a whole batch: zero-pad, then each image at its
+    own random offset, in two gathers (no Python loop, no boolean indexing: no host sync on a
+    GPU)."""
     n, c, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding))
-    offsets = torch.randint(0, 2 * padding + 1, (2, n, 1), device=images.device, generator=generator)
+    offsets = torch.randint(0, 2 * padding + 1, (2, n, 1), device=images.device,
+                            generator=generator)
     rows = (torch.arange(h, device=images.device) + offsets[0])[:, None, :, None]
     padded = padded.gather(2, rows.expand(n, c, h, w + 2 * padding))
     cols = (torch.arange(w, device=images.device) + offsets[1])[:, None, None, :]
@@ -54,13 +43,16 @@ def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
 
 
 def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per-channel mean and standard deviation of uint8 images (N, C, H, W), on the 0..1 scale, exactly (from a
-    256-bin histogram per channel, in float64)."""
-    channels, step = images.shape[1], max(1, (1 << 24) // math.prod(images.shape[1:]))  # parts of 16 MB
+    """Per-channel mean and standard deviation of uint8 images (N, C, H, W), on the 0..1 scale,
+    exactly (from a 256-bin histogram per channel, in float64)."""
+    channels = images.shape[1]
+    step = max(1, (1 << 24) // math.prod(images.shape[1:]))  # parts of 16 MB
     counts = torch.zeros(channels, 256, dtype=torch.float64)
     for rows in torch.arange(len(images), device=images.device).split(step):
-        values = images.index_select(0, rows).transpose(0, 1).reshape(channels, -1).cpu()  # a tensor or DiskImages
-        counts += torch.stack([torch.bincount(v, minlength=256) for v in values])  # of uint8: no wider copy
+        # `images`: a tensor or DiskImages
+        values = images.index_select(0, rows).transpose(0, 1).reshape(channels, -1).cpu()
+        # counted as uint8: no wider copy
+        counts += torch.stack([torch.bincount(v, minlength=256) for v in values])
     levels = torch.arange(256, dtype=torch.float64) / 255
     mean = (counts * levels).sum(1) / counts.sum(1)
     var = (counts * levels.square()).sum(1) / counts.sum(1) - mean.square()
@@ -68,35 +60,39 @@ def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
 
 
 class DeviceBatches:
-    """An iterable of `(uint8 images, labels)` batches cut from tensors on one device: a batch is one
-    `index_select`, and its crops and flips a few batched tensor ops where the images are.
+    """An iterable of `(uint8 images, labels)` batches cut from tensors on one device: a batch is
+    one `index_select`, and its crops and flips a few batched tensor ops where the images are.
 
-    For training (`train`): only full batches, in an order that is a function of `(seed, e)` in epoch e (the same
-    order every epoch without `shuffle`), the augmentation of batch i a function of `(seed, e, i, rank)`. Lightning
-    announces each epoch through `loader.sampler.set_epoch(e)`, as it does for a DistributedSampler. Under DDP, rank
-    r of w takes every w-th image of that order, cut to the same number of batches on every rank. For evaluation,
-    the ranks take disjoint contiguous parts, and every image is seen exactly once.
+    For training (`train`): only full batches, in an order that is a function of `(seed, e)` in
+    epoch e (the same order every epoch without `shuffle`), the augmentation of batch i a function
+    of `(seed, e, i, rank)`. Lightning announces each epoch through `loader.sampler.set_epoch(e)`,
+    as it does for a DistributedSampler. Under DDP, rank r of w takes every w-th image of that
+    order, cut to the same number of batches on every rank. For evaluation, the ranks take disjoint
+    contiguous parts, and every image is seen exactly once.
 
-    It is resumable as Lightning asks (`state_dict`/`load_state_dict`): the epoch and the batches it yielded, so a
-    run resumed mid-epoch trains exactly the batches it would have. `images` may be DiskImages: the same batches,
-    each read from disk onto its device.
+    It is resumable as Lightning asks (`state_dict`/`load_state_dict`): the epoch and the batches it
+    yielded, so a run resumed mid-epoch trains exactly the batches it would have. `images` may be
+    DiskImages: the same batches, each read from disk onto its device.
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, train: bool = False,
-                 shuffle: bool = True, crop_padding: int = 0, flip: bool = False, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, to_float: bool = False):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                 train: bool = False, shuffle: bool = True, crop_padding: int = 0,
+                 flip: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
-        self.shuffle, self.crop_padding, self.flip, self.seed = shuffle and train, crop_padding, flip, seed
-        self.rank, self.world_size, self.to_float = rank, world_size, to_float
+        self.shuffle, self.crop_padding, self.flip = shuffle and train, crop_padding, flip
+        self.seed, self.rank, self.world_size, self.to_float = seed, rank, world_size, to_float
         self.epoch, self.yielded, self._resume = 0, 0, None
         if train:
             self.num_samples = len(images) // world_size
             self.num_batches = self.num_samples // batch_size
         else:
-            self.indices = torch.arange(len(images), device=images.device).tensor_split(world_size)[rank]
+            all_rows = torch.arange(len(images), device=images.device)
+            self.indices = all_rows.tensor_split(world_size)[rank]
             self.num_batches = math.ceil(len(self.indices) / batch_size)
 
-    # Lightning calls `loader.sampler.set_epoch(e)` on any loader, and reads `batch_sampler` where it finds a sampler.
+    # Lightning calls `loader.sampler.set_epoch(e)` on any loader, and reads `batch_sampler` where
+    # it finds a sampler.
     batch_sampler = None
 
     @property
@@ -119,20 +115,27 @@ class DeviceBatches:
         device = self.images.device
         generator = torch.Generator(device=device)
         resume, self._resume = self._resume or {}, None
-        start = resume.get("batches", 0) if resume.get("epoch") == self.epoch else 0
+        start = 0
+        if resume.get("epoch") == self.epoch:
+            start = resume.get("batches", 0)
         if self.shuffle:
+            epoch_seed = mix_seed(self.seed, self.epoch)
             order = torch.randperm(len(self.images), device=device,
-                                   generator=generator.manual_seed(mix_seed(self.seed, self.epoch)))
+                                   generator=generator.manual_seed(epoch_seed))
+        elif self.train:
+            order = torch.arange(len(self.images), device=device)
         else:
-            order = torch.arange(len(self.images), device=device) if self.train else self.indices
+            order = self.indices
         if self.train:
             order = order[self.rank::self.world_size][:self.num_samples]
         for i in range(start, self.num_batches):
             index = order[i * self.batch_size:(i + 1) * self.batch_size]
-            # index_select, not images[index]: on a CPU advanced indexing of uint8 images is many times slower.
+            # index_select, not images[index]: on a CPU advanced indexing of uint8 images is many
+            # times slower.
             images = self.images.index_select(0, index)
             if self.crop_padding or self.flip:
-                generator.manual_seed(mix_seed(self.seed, self.epoch, i, self.rank))  # any batch, in any order
+                # any batch, in any order
+                generator.manual_seed(mix_seed(self.seed, self.epoch, i, self.rank))
             if self.crop_padding:
                 images = random_crop(images, self.crop_padding, generator)
             if self.flip:
@@ -144,13 +147,13 @@ class DeviceBatches:
 
 
 class DiskImages:
-    """uint8 images (N, C, H, W) in a file from byte `offset` on (`--data.in_memory false`): what DeviceBatches needs
-    of a tensor. `images[rows]` and `to(device)` are views (nothing is read); `index_select(0, index)` reads those
-    images onto the view's device, one read each. Reads, not a memory map: a map's pages count as the process's
-    memory until the kernel takes them back."""
+    """uint8 images (N, C, H, W) in a file from byte `offset` on (`--data.in_memory false`): what
+    DeviceBatches needs of a tensor. `images[rows]` and `to(device)` are views (nothing is read);
+    `index_select(0, index)` reads those images onto the view's device, one read each. Reads, not a
+    memory map: a map's pages count as the process's memory until the kernel takes them back."""
 
-    def __init__(self, path, shape: tuple[int, ...], offset: int = 0, rows: Optional[torch.Tensor] = None,
-                 device="cpu"):
+    def __init__(self, path, shape: tuple[int, ...], offset: int = 0,
+                 rows: Optional[torch.Tensor] = None, device="cpu"):
         self.path, self.offset, self.device = str(path), offset, torch.device(device)
         self.rows = torch.arange(shape[0]) if rows is None else rows
         self.shape = (len(self.rows), *shape[1:])
@@ -174,26 +177,31 @@ class DiskImages:
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Base of the image data modules: a subclass says how to fetch and read its data set (`read(split)`).
+    """Base of the image data modules: a subclass says how to fetch and read its data set
+    (`read(split)`).
 
-    Each split is read once into uint8 tensors (N, C, H, W), moved to the training device (`on_device`), and
-    batched there by DeviceBatches. A seeded split of the training images validates; the test set is only ever
-    tested on. `mean` and `std` are the training images' statistics, the model's default normalisation.
+    Each split is read once into uint8 tensors (N, C, H, W), moved to the training device
+    (`on_device`), and batched there by DeviceBatches. A seeded split of the training images
+    validates; the test set is only ever tested on. `mean` and `std` are the training images'
+    statistics, the model's default normalisation.
 
     Args:
         data_dir: where the data set is, or is downloaded to.
         batch_size: training batch size, per process.
         eval_batch_size: validation, test and predict batch size, per process.
-        val_size: training images held out for validation: a count, or a fraction (0 < f < 1); 0: none (every
-            training image trains); default: a tenth, at most 5000.
-        split_seed: seed of that split (fixed, so that runs with other seeds validate on the same images).
-        crop_padding: random-crop augmentation: pad by this many pixels, crop back at a random offset (0: off).
+        val_size: training images held out for validation: a count, or a fraction (0 < f < 1); 0:
+            none (every training image trains); default: a tenth, at most 5000.
+        split_seed: seed of that split (fixed, so that runs with other seeds validate on the same
+            images).
+        crop_padding: random-crop augmentation: pad by this many pixels, crop back at a random
+            offset (0: off).
         flip: random horizontal flips.
-        on_device: keep the data set on the training device (fast); false keeps it in host memory and moves each
-            batch, for data that does not fit on the device.
+        on_device: keep the data set on the training device (fast); false keeps it in host memory
+            and moves each batch, for data that does not fit on the device.
         download: download the data set if it is missing.
-        float_images: batches of float32 images on the 0..1 scale, as torchvision's ToTensor() gives them, for a
-            LightningModule of your own that takes those (ImageClassifier takes the uint8 images themselves).
+        float_images: batches of float32 images on the 0..1 scale, as torchvision's ToTensor() gives
+            them, for a LightningModule of your own that takes those (ImageClassifier takes the
+            uint8 images themselves).
     """
 
     name: str = ""  # the short name `--data NAME` takes
@@ -201,27 +209,36 @@ class ImageDataModule(L.LightningDataModule):
     image_shape: tuple[int, int, int] = (0, 0, 0)
     has_val_split = False  # whether read("val") gives a validation set of the data set's own
 
-    def __init__(self, data_dir: str = "./data", batch_size: int = 128, eval_batch_size: int = 1000,
-                 val_size: Optional[Union[int, float]] = None, split_seed: int = 0, crop_padding: int = 0,
-                 flip: bool = False, on_device: bool = True, download: bool = True, float_images: bool = False):
+    def __init__(self, data_dir: str = "./data", batch_size: int = 128,
+                 eval_batch_size: int = 1000, val_size: Optional[Union[int, float]] = None,
+                 split_seed: int = 0, crop_padding: int = 0, flip: bool = False,
+                 on_device: bool = True, download: bool = True, float_images: bool = False):
         super().__init__()
         self.save_hyperparameters()
-        if batch_size < 1 or eval_batch_size < 1 or crop_padding < 0 or (val_size is not None and val_size < 0):
-            raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} must be at least 1, "
-                            f"crop_padding {crop_padding} and val_size {val_size} at least 0")
-        if isinstance(val_size, float) and val_size >= 1:  # 2.0 from a config is a count; 2.5 is neither
+        batches_empty = batch_size < 1 or eval_batch_size < 1
+        val_size_negative = val_size is not None and val_size < 0
+        negative = crop_padding < 0 or val_size_negative
+        if batches_empty or negative:
+            raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} "
+                            f"must be at least 1, crop_padding {crop_padding} and val_size "
+                            f"{val_size} at least 0")
+        # 2.0 from a config is a count; 2.5 is neither
+        if isinstance(val_size, float) and val_size >= 1:
             if not val_size.is_integer():
-                raise DataError(f"--data.val_size {val_size}: a count of images, or a fraction between 0 and 1")
+                raise DataError(f"--data.val_size {val_size}: a count of images, or a fraction "
+                                f"between 0 and 1")
             val_size = int(val_size)
         self.data_dir, self.batch_size, self.eval_batch_size = data_dir, batch_size, eval_batch_size
-        self.val_size, self.split_seed, self.crop_padding, self.flip = val_size, split_seed, crop_padding, flip
+        self.val_size, self.split_seed = val_size, split_seed
+        self.crop_padding, self.flip = crop_padding, flip
         self.on_device, self.download, self.float_images = on_device, download, float_images
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
         self._train_state: Optional[dict] = None
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """uint8 images (N, C, H, W) and int64 labels (N,) of "train", "test" (or "val", see has_val_split)."""
+        """uint8 images (N, C, H, W) and int64 labels (N,) of "train", "test" (or "val", see
+        has_val_split)."""
         raise NotImplementedError
 
     @property
@@ -247,70 +264,93 @@ class ImageDataModule(L.LightningDataModule):
         return channel_stats(self._split("train")[0])
 
     def setup(self, stage: str) -> None:
-        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": ["test"]}[stage]
+        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"],
+                  "predict": ["test"]}[stage]
         for split in wanted:
             if split != "val" or self.has_validation:
                 self._split(split)
 
+    def _val_count(self, n: int) -> int:
+        """How many of the `n` training images `val_size` holds out for validation."""
+        if self.has_val_split:
+            return 0
+        if self.val_size is None:
+            return min(5000, n // 10)
+        if self.val_size < 1:
+            return round(self.val_size * n)
+        return self.val_size
+
     def _split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """A split's tensors, read on first use (one read of "train" gives both train and val) and kept."""
+        """A split's tensors, read on first use (one read of "train" gives both train and val) and
+        kept."""
         if split not in self.splits:
-            if split == "test" or (split == "val" and self.has_val_split):
+            own_val = split == "val" and self.has_val_split
+            if split == "test" or own_val:
                 parts = {split: self.read(split)}
             else:
                 images, labels = self.read("train")
                 n = len(images)
-                size = 0 if self.has_val_split else (min(5000, n // 10) if self.val_size is None else
-                                                     round(self.val_size * n) if self.val_size < 1 else self.val_size)
+                size = self._val_count(n)
                 if size >= n:
-                    raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} training images to train")
+                    raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} "
+                                    f"training images to train")
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-                parts = {"train": order[size:]} if self.has_val_split else {"train": order[size:], "val": order[:size]}
+                parts = {"train": order[size:]}
+                if not self.has_val_split:
+                    parts["val"] = order[:size]
                 parts = {name: (images[i], labels.index_select(0, i)) for name, i in parts.items()}
             self.splits.update(parts)
-        # Read before a trainer is attached (the statistics the model takes when it is built) it stays in host
-        # memory until then, and moves to the training device once.
-        device = torch.device(self.trainer.strategy.root_device if self.trainer is not None and self.on_device
-                              else "cpu")
+        # Read before a trainer is attached (the statistics the model takes when it is built) it
+        # stays in host memory until then, and moves to the training device once.
+        device = torch.device("cpu")
+        if self.trainer is not None and self.on_device:
+            device = torch.device(self.trainer.strategy.root_device)
         images, labels = self.splits[split]
         if images.device != device:
             self.splits[split] = images.to(device), labels.to(device)
         return self.splits[split]
 
     def _rank(self) -> tuple[int, int]:
-        return (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
 
     def train_dataloader(self) -> DeviceBatches:
         images, labels = self._split("train")
         rank, world_size = self._rank()
         if len(images) // world_size < self.batch_size:
-            raise DataError(f"--data.batch_size {self.batch_size} is more than the {len(images) // world_size} "
-                            f"training images of each of {world_size} process(es): not one full batch")
-        # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed). overfit_batches: the
-        # same batches every epoch, as Lightning does with a DataLoader.
-        batches = DeviceBatches(images, labels, self.batch_size, train=True, crop_padding=self.crop_padding,
-                                flip=self.flip, seed=torch.initial_seed(), rank=rank, world_size=world_size,
-                                shuffle=self.trainer is None or not self.trainer.overfit_batches,
-                                to_float=self.float_images)
+            raise DataError(f"--data.batch_size {self.batch_size} is more than the "
+                            f"{len(images) // world_size} training images of each of {world_size} "
+                            f"process(es): not one full batch")
+        # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed).
+        # overfit_batches: the same batches every epoch, as Lightning does with a DataLoader.
+        shuffle = self.trainer is None or not self.trainer.overfit_batches
+        batches = DeviceBatches(images, labels, self.batch_size, train=True,
+                                crop_padding=self.crop_padding, flip=self.flip,
+                                seed=torch.initial_seed(), rank=rank, world_size=world_size,
+                                shuffle=shuffle, to_float=self.float_images)
         if self._train_state is not None:
             batches.load_state_dict(self._train_state)
             self._train_state = None
         self._train_batches = batches
         return batches
 
-    # The position in the epoch, also through the data module's own state: Lightning restores that before it asks
-    # for the training batches, but not the loader's own state when the model asked for them first, as
-    # `trainer.estimated_stepping_batches` (OneCycle's length) does (Lightning-AI/pytorch-lightning#20550).
+    # The position in the epoch, also through the data module's own state: Lightning restores that
+    # before it asks for the training batches, but not the loader's own state when the model asked
+    # for them first, as `trainer.estimated_stepping_batches` (OneCycle's length) does
+    # (Lightning-AI/pytorch-lightning#20550).
     def state_dict(self) -> dict:
-        return {"train_batches": self._train_batches.state_dict()} if self._train_batches is not None else {}
+        if self._train_batches is None:
+            return {}
+        return {"train_batches": self._train_batches.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._train_state = state_dict.get("train_batches")
 
     def _eval_batches(self, split: str) -> DeviceBatches:
         rank, world_size = self._rank()
-        return DeviceBatches(*self._split(split), self.eval_batch_size, rank=rank, world_size=world_size,
-                             to_float=self.float_images)
+        return DeviceBatches(*self._split(split), self.eval_batch_size, rank=rank,
+                             world_size=world_size, to_float=self.float_images)
 
     def val_dataloader(self):
         return self._eval_batches("val") if self.has_validation else []

@@ -21,16 +21,21 @@ class CIFAR10DataModule(ImageDataModule):
 
     name = "cifar10"
     # torchvision reads these from batches.meta; they are needed before the data is there.
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    classes = ["airplane", "automobile", "bird", "cat", "deer",
+               "dog", "frog", "horse", "ship", "truck"]
     image_shape = (3, 32, 32)
 
-    def __init__(self, data_dir: str = "./data", batch_size: int = 128, crop_padding: int = 4, flip: bool = True,
-                 **kwargs):
-        super().__init__(data_dir=data_dir, batch_size=batch_size, crop_padding=crop_padding, flip=flip, **kwargs)
+    def __init__(self, data_dir: str = "./data", batch_size: int = 128, crop_padding: int = 4,
+                 flip: bool = True, **kwargs):
+        super().__init__(data_dir=data_dir, batch_size=batch_size, crop_padding=crop_padding,
+                         flip=flip, **kwargs)
 
     def _files(self, split: str) -> list[tuple[Path, str]]:
         folder = Path(self.data_dir).expanduser() / CIFAR10.base_folder
-        return [(folder / name, md5) for name, md5 in (CIFAR10.train_list if split == "train" else CIFAR10.test_list)]
+        listed = CIFAR10.test_list
+        if split == "train":
+            listed = CIFAR10.train_list
+        return [(folder / name, md5) for name, md5 in listed]
 
     def prepare_data(self) -> None:
         if all(path.is_file() for path, _ in self._files("train") + self._files("test")):
@@ -40,9 +45,10 @@ class CIFAR10DataModule(ImageDataModule):
         try:
             CIFAR10(Path(self.data_dir).expanduser(), train=True, download=True)
         except (OSError, RuntimeError) as e:  # no network, a full disk, a refused md5
-            raise DataError(f"CIFAR-10 is not in {self.data_dir} and could not be downloaded ({download_error(e)}). "
-                            f"Put {CIFAR10.filename} (from {CIFAR10.url}), or its extracted {CIFAR10.base_folder}/, "
-                            f"there, or pass --data.data_dir with the folder that holds it") from None
+            raise DataError(f"CIFAR-10 is not in {self.data_dir} and could not be downloaded "
+                            f"({download_error(e)}). Put {CIFAR10.filename} (from {CIFAR10.url}), "
+                            f"or its extracted {CIFAR10.base_folder}/, there, or pass "
+                            f"--data.data_dir with the folder that holds it") from None
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         files = self._files(split)
@@ -52,11 +58,14 @@ class CIFAR10DataModule(ImageDataModule):
         else:  # a copy re-packed elsewhere: torchvision refuses it, though its pickles may be whole
             try:
                 entries = [pickle.loads(path.read_bytes(), encoding="latin1") for path, _ in files]
-                images = np.concatenate([e["data"] for e in entries]).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+                images = np.concatenate([e["data"] for e in entries])
+                images = images.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
                 labels = [label for e in entries for label in e["labels"]]
             except Exception as e:  # a truncated or foreign file: whatever pickle or numpy raise
-                raise DataError(f"cannot read CIFAR-10's {split} files in {files[0][0].parent} ({type(e).__name__}: "
-                                f"{e}); replace them with a whole copy (from {CIFAR10.url})") from None
-            warnings.warn(f"CIFAR-10's {split} files in {files[0][0].parent} differ from torchvision's checksums; "
-                          f"read as they are ({len(labels)} images)")
-        return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))), torch.tensor(labels)
+                raise DataError(f"cannot read CIFAR-10's {split} files in {files[0][0].parent} "
+                                f"({type(e).__name__}: {e}); replace them with a whole copy "
+                                f"(from {CIFAR10.url})") from None
+            warnings.warn(f"CIFAR-10's {split} files in {files[0][0].parent} differ from "
+                          f"torchvision's checksums; read as they are ({len(labels)} images)")
+        images = np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+        return torch.from_numpy(images), torch.tensor(labels)

@@ -1,4 +1,5 @@
-"""Your own images: a folder with train/<class>/, test/<class>/ and optionally val/<class>/ image files."""
+"""Your own images: a folder with train/<class>/, test/<class>/ and optionally val/<class>/ image
+files."""
 
 import hashlib
 import io
@@ -13,18 +14,20 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from datamodules.base import DataError, DiskImages, ImageDataModule
-from datamodules.files import written_whole
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from lit_common.files import written_whole
 
 
-def decode_files(paths: list[Path], channels: int, size: Optional[tuple[int, int]]) -> Iterator[torch.Tensor]:
-    """Image files as uint8 batches (n, C, H, W), in order, decoded by DataLoader worker processes on every core;
-    a DataError naming the first file that cannot be read, or whose size differs."""
+def decode_files(paths: list[Path], channels: int,
+                 size: Optional[tuple[int, int]]) -> Iterator[torch.Tensor]:
+    """Image files as uint8 batches (n, C, H, W), in order, decoded by DataLoader worker processes
+    on every core; a DataError naming the first file that cannot be read, or whose size differs."""
     shape = None
     for b, (images, errors) in enumerate(ImageFiles(paths, channels, size).loader(batch_size=256)):
         if errors:
             i, error = next(iter(errors.items()))
-            raise DataError(f"cannot read the image {paths[b * 256 + i]} ({error}); replace or remove it")
+            raise DataError(f"cannot read the image {paths[b * 256 + i]} ({error}); "
+                            f"replace or remove it")
         if isinstance(images, list) or images.shape[1:] != (shape or images.shape[1:]):
             raise DataError(f"the images in {paths[0].parent.parent} are not all of one size; pass "
                             f"--data.image_size N to resize every image to NxN")
@@ -33,29 +36,33 @@ def decode_files(paths: list[Path], channels: int, size: Optional[tuple[int, int
 
 
 class ImageFolderDataModule(ImageDataModule):
-    """A folder of your own images (`--data image_folder --data.root DIR`), laid out as for torchvision's ImageFolder.
+    """A folder of your own images (`--data image_folder --data.root DIR`), laid out as for
+    torchvision's ImageFolder.
 
-    DIR/train/<class>/*, DIR/test/<class>/* and optionally DIR/val/<class>/* (without it, `val_size` images split
-    off train validate). The classes are the sorted folder names of DIR/train (hidden ones skipped); test and val
-    must have the same. Subfolders of a class folder belong to it; links are followed, each real file read once.
-    Files are decoded by `datamodules.images` (also used to predict files), once, by every core, into a uint8
-    cache in `data_dir/cache/` (a .npy file, not in DIR), rebuilt when a file is added, removed or changed.
+    DIR/train/<class>/*, DIR/test/<class>/* and optionally DIR/val/<class>/* (without it, `val_size`
+    images split off train validate). The classes are the sorted folder names of DIR/train (hidden
+    ones skipped); test and val must have the same. Subfolders of a class folder belong to it; links
+    are followed, each real file read once. Files are decoded by `datamodules.images` (also used to
+    predict files), once, by every core, into a uint8 cache in `data_dir/cache/` (a .npy file, not
+    in DIR), rebuilt when a file is added, removed or changed.
 
     Args:
         root: the folder holding train/ and test/.
-        image_size: resize every image to image_size x image_size (the shorter side, then a centre crop); needed
-            when the images differ in size.
+        image_size: resize every image to image_size x image_size (the shorter side, then a centre
+            crop); needed when the images differ in size.
         channels: 1 (grey) or 3 (RGB); by default 1 if every training image is grey, else 3.
-        in_memory: read a split's cache into memory (true), or each batch from it (false: data larger than memory,
-            `base.DiskImages`); auto: in memory when it takes at most a quarter of the machine's memory.
+        in_memory: read a split's cache into memory (true), or each batch from it (false: data
+            larger than memory, `base.DiskImages`); auto: in memory when it takes at most a quarter
+            of the machine's memory.
 
-    No augmentation by default (only you know whether a mirrored image is the same class). The other arguments
-    are ImageDataModule's.
+    No augmentation by default (only you know whether a mirrored image is the same class). The other
+    arguments are ImageDataModule's.
     """
 
     name = "image_folder"
 
-    def __init__(self, root: str, image_size: Optional[int] = None, channels: Optional[Literal[1, 3]] = None,
+    def __init__(self, root: str, image_size: Optional[int] = None,
+                 channels: Optional[Literal[1, 3]] = None,
                  in_memory: Union[bool, Literal["auto"]] = "auto", **kwargs):
         super().__init__(**kwargs)
         self.root = Path(root).expanduser().resolve()
@@ -78,12 +85,13 @@ class ImageFolderDataModule(ImageDataModule):
     def _class_folders(self, split: str) -> list[str]:
         folder = self.root / split
         if not folder.is_dir():
-            raise DataError(f"there is no folder {folder}: --data.root must hold train/<class>/ and test/<class>/ "
-                            f"folders of images (and optionally val/<class>/)")
-        classes = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+            raise DataError(f"there is no folder {folder}: --data.root must hold train/<class>/ "
+                            f"and test/<class>/ folders of images (and optionally val/<class>/)")
+        classes = sorted(e.name for e in os.scandir(folder)
+                         if e.is_dir() and not e.name.startswith("."))
         if len(classes) < 2:
-            raise DataError(f"{folder} has {len(classes)} class folder(s): a classifier needs two or more, each "
-                            f"class's images in a folder named after it")
+            raise DataError(f"{folder} has {len(classes)} class folder(s): a classifier needs two "
+                            f"or more, each class's images in a folder named after it")
         return classes
 
     @property
@@ -92,7 +100,8 @@ class ImageFolderDataModule(ImageDataModule):
 
     def prepare_data(self) -> None:
         for split in self.splits_on_disk:
-            self.read(split)  # decoded and cached once per machine, before the processes of a DDP run read it
+            # decoded and cached once per machine, before the processes of a DDP run read it
+            self.read(split)
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         if split not in self._decoded:
@@ -100,30 +109,35 @@ class ImageFolderDataModule(ImageDataModule):
         return self._decoded[split]
 
     def files(self, split: str) -> tuple[list[Path], list[int]]:
-        """The image files of a split in ImageFolder's order, and their labels (every split is listed at once: a
-        link from one into another is then found)."""
+        """The image files of a split in ImageFolder's order, and their labels (every split is
+        listed at once: a link from one into another is then found)."""
         if not self._files:
             splits = self.splits_on_disk
             for other in splits:
                 if self._class_folders(other) != self.classes:
-                    raise DataError(f"{self.root / other} must have the same class folders as {self.root / 'train'}")
-            found = list_images([self.root / other / name for other in splits for name in self.classes])
-            self._files = {other: found[i * len(self.classes):(i + 1) * len(self.classes)] for i, other in
-                           enumerate(splits)}
+                    raise DataError(f"{self.root / other} must have the same class folders as "
+                                    f"{self.root / 'train'}")
+            found = list_images([self.root / other / name for other in splits
+                                 for name in self.classes])
+            n = len(self.classes)
+            self._files = {other: found[i * n:(i + 1) * n] for i, other in enumerate(splits)}
         for name, paths in zip(self.classes, self._files[split]):
             if not paths:
                 raise DataError(f"the class folder {self.root / split / name} has no images "
-                                f"({' '.join(IMG_EXTENSIONS)}), or only links to images read already")
+                                f"({' '.join(IMG_EXTENSIONS)}), or only links to images read "
+                                f"already")
         return ([path for paths in self._files[split] for path in paths],
                 [label for label, paths in enumerate(self._files[split]) for _ in paths])
 
     def _read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         files, labels = self.files(split)
-        stats = [(str(f), *((st.st_size, st.st_mtime_ns) if (st := _stat(f)) else ())) for f in files]
-        key = hashlib.sha1(repr((2, split, self.image_size, self.channels, stats)).encode()).hexdigest()
-        settings = hashlib.sha1(repr((str(self.root), self.image_size, self.channels)).encode()).hexdigest()[:10]
-        cache, stem = Path(self.data_dir).expanduser() / "cache", f"image_folder-{self.root.name}-{settings}-{split}"
-        path = cache / f"{stem}-{key[:16]}.npy"  # numpy's format, named after what it was decoded from
+        stats = [(str(f), *_stat(f)) for f in files]
+        key = _digest((2, split, self.image_size, self.channels, stats))
+        settings = _digest((str(self.root), self.image_size, self.channels))[:10]
+        cache = Path(self.data_dir).expanduser() / "cache"
+        stem = f"image_folder-{self.root.name}-{settings}-{split}"
+        # numpy's format, named after what it was decoded from
+        path = cache / f"{stem}-{key[:16]}.npy"
         try:
             return self._images(path), torch.tensor(labels)
         except (OSError, ValueError):  # none yet, or not whole: decode again
@@ -136,35 +150,47 @@ class ImageFolderDataModule(ImageDataModule):
             self._decode(split, files, file := io.BytesIO())
             file.seek(0)
             return torch.from_numpy(np.load(file)), torch.tensor(labels)
-        for old in set(cache.glob(f"{stem}*")) - {path}:  # of the files as they were, or an earlier .pt
+        # of the files as they were, or an earlier .pt
+        for old in set(cache.glob(f"{stem}*")) - {path}:
             old.unlink()
         return self._images(path), torch.tensor(labels)
 
     def _images(self, path: Path):
         images = np.load(path, mmap_mode="r")  # its header: nothing read
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if self.in_memory is True or (self.in_memory == "auto" and 4 * images.nbytes <= memory):
+        fits_a_quarter = self.in_memory == "auto" and 4 * images.nbytes <= memory
+        if self.in_memory is True or fits_a_quarter:
             return torch.from_numpy(np.load(path))
         return DiskImages(path, images.shape, images.offset)
 
     def _decode(self, split: str, files: list[Path], file) -> None:
         """Decode `files` into `file` as a .npy array (N, C, H, W), a batch at a time."""
-        rank_zero_info(f"Decoding the {len(files):,} images in {self.root / split} (cached for later runs)")
+        rank_zero_info(f"Decoding the {len(files):,} images in {self.root / split} "
+                       f"(cached for later runs)")
         size = (self.image_size, self.image_size) if self.image_size else None
-        grey, header = split == "train" and self.channels is None, {"descr": "|u1", "fortran_order": False}
-        channels, height, width = (self.channels or 3, 0, 0) if split == "train" else self.image_shape
+        grey = split == "train" and self.channels is None
+        header = {"descr": "|u1", "fortran_order": False}
+        channels, height, width = self.channels or 3, 0, 0
+        if split != "train":  # the other splits follow the training images
+            channels, height, width = self.image_shape
         for images in decode_files(files, channels, size):
-            if not file.tell():  # the first batch: decode_files checks that the others are of its size
+            # the first batch: decode_files checks that the others are of its size
+            if not file.tell():
                 shape = (len(files), *images.shape[1:])
-                if height and shape[2:] != (height, width):  # the other splits follow the training images
-                    raise DataError(f"the images in {self.root / split} are {shape[3]}x{shape[2]}, the training "
-                                    f"images {width}x{height}; pass --data.image_size N to resize every image to NxN")
+                if height and shape[2:] != (height, width):
+                    raise DataError(f"the images in {self.root / split} are {shape[3]}x{shape[2]}, "
+                                    f"the training images {width}x{height}; pass "
+                                    f"--data.image_size N to resize every image to NxN")
                 np.lib.format.write_array_header_1_0(file, {**header, "shape": shape})
             grey = grey and bool((images[:, :1] == images).all())
             file.write(images.numpy().data)
-        if grey:  # one channel: each image's first plane moved down in place, over planes already moved or read
+        # One channel: each image's first plane moved down in place, over planes already moved or
+        # read.
+        if grey:
             file.seek(0)
-            np.lib.format.write_array_header_1_0(file, {**header, "shape": (len(files), 1, *shape[2:])})  # as long
+            grey_shape = (len(files), 1, *shape[2:])
+            # as long as the header it replaces
+            np.lib.format.write_array_header_1_0(file, {**header, "shape": grey_shape})
             start, plane = file.tell(), math.prod(shape[2:])
             for i in range(len(files)):
                 file.seek(start + 3 * i * plane)
@@ -174,8 +200,14 @@ class ImageFolderDataModule(ImageDataModule):
             file.truncate(start + len(files) * plane)
 
 
-def _stat(path: Path):
+def _digest(value) -> str:
+    return hashlib.sha1(repr(value).encode()).hexdigest()
+
+
+def _stat(path: Path) -> tuple[int, ...]:
+    """A file's size and modification time, or nothing for a dangling link."""
     try:
-        return path.stat()
+        st = path.stat()
     except OSError:  # a dangling link: decoding names it
-        return None
+        return ()
+    return st.st_size, st.st_mtime_ns

@@ -1,8 +1,10 @@
-"""Image files as uint8 tensors: one decoder for training on a folder, predicting files and `model.classify`.
+"""Image files as uint8 tensors: one decoder for training on a folder, predicting files and
+`model.classify`.
 
-Whatever PIL opens: 16- and 32-bit integer images are scaled by their bit depth (65535 -> 255, as torchvision's
-`ToDtype(torch.uint8, scale=True)` does), float images read as 0..1 (clipped), and transparent pixels are shown
-over white, as a viewer shows them (PIL's own `convert` clips 16-bit values and drops transparency).
+Whatever PIL opens: 16- and 32-bit integer images are scaled by their bit depth (65535 -> 255, as
+torchvision's `ToDtype(torch.uint8, scale=True)` does), float images read as 0..1 (clipped), and
+transparent pixels are shown over white, as a viewer shows them (PIL's own `convert` clips 16-bit
+values and drops transparency).
 """
 
 import os
@@ -21,9 +23,12 @@ def to_8bit(image: Image.Image) -> Image.Image:
     if image.mode == "F":
         out = np.clip(np.nan_to_num(values.astype(np.float64), nan=0.0), 0, 1) * (256 - 1e-3)
         return Image.fromarray(out.astype(np.uint8), "L")
-    # 16: what PNG, PGM (scaled by PIL) and 16-bit TIFFs hold; a TIFF says how many bits it has (its tag 258)
+    # 16: what PNG, PGM (scaled by PIL) and 16-bit TIFFs hold; a TIFF says how many bits it has
+    # (its tag 258)
     bits = getattr(image, "tag_v2", {}).get(258, 16)
-    bits = min(bits[0] if isinstance(bits, tuple) else bits, 31)  # 32 bits: PIL's int32, scaled as torchvision does
+    if isinstance(bits, tuple):
+        bits = bits[0]
+    bits = min(bits, 31)  # 32 bits: PIL's int32, scaled as torchvision does
     values = np.clip(values.astype(np.int64), 0, 2 ** bits - 1) >> (bits - 8)
     return Image.fromarray(values.astype(np.uint8), "L")
 
@@ -36,12 +41,14 @@ def decode(image: Image.Image, channels: int) -> Image.Image:
         rgba = image.convert("RGBA")
         image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
     mode = "L" if channels == 1 else "RGB"
-    return image if image.mode == mode else image.convert(mode)
+    if image.mode != mode:
+        image = image.convert(mode)
+    return image
 
 
 def fit_image(image: Image.Image, image_shape: tuple[int, int, int]) -> torch.Tensor:
-    """A PIL image as uint8 (C, H, W) of `image_shape`: decoded, then, if its size differs, scaled to cover H x W
-    and centre-cropped (torchvision's Resize + CenterCrop)."""
+    """A PIL image as uint8 (C, H, W) of `image_shape`: decoded, then, if its size differs, scaled
+    to cover H x W and centre-cropped (torchvision's Resize + CenterCrop)."""
     channels, height, width = image_shape
     image = decode(image, channels)
     if image.size != (width, height):
@@ -50,30 +57,44 @@ def fit_image(image: Image.Image, image_shape: tuple[int, int, int]) -> torch.Te
     return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
 
 
+def _as_tensor(image, image_shape: tuple[int, int, int]) -> torch.Tensor:
+    """A PIL image fitted to `image_shape`; a tensor as it is."""
+    if isinstance(image, Image.Image):
+        return fit_image(image, image_shape)
+    return torch.as_tensor(image)
+
+
 def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:
-    """A uint8 batch (N, C, H, W) from a uint8 tensor (N, C, H, W) or (C, H, W), a PIL image, or a list of them."""
+    """A uint8 batch (N, C, H, W) from a uint8 tensor (N, C, H, W) or (C, H, W), a PIL image, or a
+    list of them."""
     if isinstance(images, Image.Image):
         images = [images]
     if isinstance(images, (list, tuple)):
-        images = torch.stack([fit_image(i, image_shape) if isinstance(i, Image.Image) else torch.as_tensor(i)
-                              for i in images])
+        images = torch.stack([_as_tensor(i, image_shape) for i in images])
     if images.dtype != torch.uint8:
-        raise TypeError(f"classify takes uint8 images (0..255) or PIL images, not {images.dtype} tensors")
-    images = images.unsqueeze(0) if images.dim() == 3 else images
+        raise TypeError(f"classify takes uint8 images (0..255) or PIL images, "
+                        f"not {images.dtype} tensors")
+    if images.dim() == 3:
+        images = images.unsqueeze(0)
     if tuple(images.shape[1:]) != tuple(image_shape):
-        raise ValueError(f"this model takes images of shape {tuple(image_shape)}, not {tuple(images.shape[1:])}; "
-                         f"pass PIL images to have them resized")
+        raise ValueError(f"this model takes images of shape {tuple(image_shape)}, "
+                         f"not {tuple(images.shape[1:])}; pass PIL images to have them resized")
     return images
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
 
 
 def list_images(folders: list[Path]) -> list[list[Path]]:
     """The image files (by extension) under each of `folders`, sorted, each real file once.
 
-    What lies in a folder is its own; links are followed afterwards, to what was not read already: a link loop, or a
-    link into another class or split, adds nothing (os.walk(followlinks=True) would read a loop until the paths got
-    too long). The folders' parents (a split, the root) count as read.
+    What lies in a folder is its own; links are followed afterwards, to what was not read already: a
+    link loop, or a link into another class or split, adds nothing (os.walk(followlinks=True) would
+    read a loop until the paths got too long). The folders' parents (a split, the root) count as
+    read.
     """
-    seen, found, links = set(), [[] for _ in folders], [[] for _ in folders]
+    seen = set()
 
     def first_visit(path: Path) -> bool:
         try:
@@ -86,38 +107,54 @@ def list_images(folders: list[Path]) -> list[list[Path]]:
     for folder in folders:
         first_visit(folder.parent)
         first_visit(folder.parent.parent)
-    for i, folder in enumerate(folders):  # what lies in the folders, without following links
-        for directory, subdirs, files in os.walk(folder):
-            first_visit(Path(directory))
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-            for name in sorted(files) + [d for d in subdirs if Path(directory, d).is_symlink()]:
-                path = Path(directory, name)
-                if path.is_symlink():
-                    links[i].append(path)
-                elif name.lower().endswith(IMG_EXTENSIONS) and first_visit(path):
-                    found[i].append(path)
-    for i, folder_links in enumerate(links):  # then the links, all the way, to what is new
-        for link in folder_links:
-            if not link.is_dir():
-                if link.name.lower().endswith(IMG_EXTENSIONS) and first_visit(link):
-                    found[i].append(link)
+    # what lies in the folders, without following links
+    listed = [_files_and_links(folder, first_visit) for folder in folders]
+    # then the links, all the way, to what is new
+    return [sorted(files + _linked_images(links, first_visit)) for files, links in listed]
+
+
+def _files_and_links(folder: Path, first_visit) -> tuple[list[Path], list[Path]]:
+    """The image files under `folder` that `first_visit` lets through, without following links, and
+    the links there."""
+    found, links = [], []
+    for directory, subdirs, files in os.walk(folder):
+        first_visit(Path(directory))
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        for name in sorted(files) + [d for d in subdirs if Path(directory, d).is_symlink()]:
+            path = Path(directory, name)
+            if path.is_symlink():
+                links.append(path)
+            elif _is_image(name) and first_visit(path):
+                found.append(path)
+    return found, links
+
+
+def _linked_images(links: list[Path], first_visit) -> list[Path]:
+    """The image files `links` lead to, following links all the way, that `first_visit` lets
+    through."""
+    found = []
+    for link in links:
+        if not link.is_dir():
+            if _is_image(link.name) and first_visit(link):
+                found.append(link)
+            continue
+        for directory, subdirs, files in os.walk(link, followlinks=True):
+            if not first_visit(Path(directory)):
+                subdirs.clear()
                 continue
-            for directory, subdirs, files in os.walk(link, followlinks=True):
-                if not first_visit(Path(directory)):
-                    subdirs.clear()
-                    continue
-                subdirs.sort()
-                found[i] += [Path(directory, f) for f in sorted(files)
-                             if f.lower().endswith(IMG_EXTENSIONS) and first_visit(Path(directory, f))]
-    return [sorted(paths) for paths in found]
+            subdirs.sort()
+            found += [Path(directory, f) for f in sorted(files)
+                      if _is_image(f) and first_visit(Path(directory, f))]
+    return found
 
 
 class ImageFiles(Dataset):
-    """Image files as `(uint8 image (C, H, W), error)`, for a DataLoader's worker processes to decode.
+    """Image files as `(uint8 image (C, H, W), error)`, for a DataLoader's worker processes to
+    decode.
 
-    A file that cannot be read gives a blank image and the reason, so that the caller decides: a training set
-    refuses it, a prediction skips it. `size` (height, width): resize to it; None: keep each file's size (a batch
-    then needs them all alike).
+    A file that cannot be read gives a blank image and the reason, so that the caller decides: a
+    training set refuses it, a prediction skips it. `size` (height, width): resize to it; None: keep
+    each file's size (a batch then needs them all alike).
     """
 
     def __init__(self, paths: list[Path], channels: int, size: tuple[int, int] | None):
@@ -134,25 +171,31 @@ class ImageFiles(Dataset):
                 return fit_image(image, (self.channels, *size)), ""
         except MemoryError:
             raise  # not a damaged file: the caller's to report
-        except Exception as e:  # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
-            return torch.zeros(self.channels, *(self.size or (1, 1)), dtype=torch.uint8), f"{type(e).__name__}: {e}"
+        except Exception as e:
+            # PIL reports broken files as OSError, SyntaxError, ValueError, zlib errors...
+            blank = torch.zeros(self.channels, *(self.size or (1, 1)), dtype=torch.uint8)
+            return blank, f"{type(e).__name__}: {e}"
 
     @staticmethod
     def collate(items: list[tuple[torch.Tensor, str]]):
-        """A batch as (images, {index in the batch: error}) when the images have one size, else the list."""
+        """A batch as (images, {index in the batch: error}) when the images have one size, else the
+        list."""
         errors = {i: error for i, (_, error) in enumerate(items) if error}
         images = [image for image, _ in items]
-        same = all(image.shape == images[0].shape for image in images)
-        return (torch.stack(images) if same else images), errors
+        if all(image.shape == images[0].shape for image in images):
+            return torch.stack(images), errors
+        return images, errors
 
     def loader(self, batch_size: int = 256) -> DataLoader:
-        """Batches of `collate`, decoded by worker processes on every usable core (none for a single batch: starting
-        a worker costs more than decoding it)."""
+        """Batches of `collate`, decoded by worker processes on every usable core (none for a single
+        batch: starting a worker costs more than decoding it)."""
         batches = -(-len(self) // batch_size)
-        return DataLoader(self, batch_size=batch_size, collate_fn=self.collate,
-                          num_workers=min(usable_cpus(), batches) if batches > 1 else 0)
+        workers = min(usable_cpus(), batches) if batches > 1 else 0
+        return DataLoader(self, batch_size=batch_size, collate_fn=self.collate, num_workers=workers)
 
 
 def usable_cpus() -> int:
     """The cores this process may run on (its affinity, where the system has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

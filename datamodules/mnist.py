@@ -1,4 +1,5 @@
-"""MNIST and Fashion-MNIST through torchvision: 60,000 training and 10,000 test images, 28x28 grey."""
+"""MNIST and Fashion-MNIST through torchvision: 60,000 training and 10,000 test images, 28x28
+grey."""
 
 import gzip
 from pathlib import Path
@@ -12,7 +13,8 @@ from datamodules.base import DataError, ImageDataModule, download_error
 class MNISTDataModule(ImageDataModule):
     """MNIST (`--data mnist`), downloaded by torchvision into `data_dir/MNIST/raw/`.
 
-    No augmentation by default (a flipped digit is another digit). The arguments are ImageDataModule's.
+    No augmentation by default (a flipped digit is another digit). The arguments are
+    ImageDataModule's.
     """
 
     name = "mnist"
@@ -28,10 +30,12 @@ class MNISTDataModule(ImageDataModule):
         return Path(self.data_dir).expanduser() / self.dataset.__name__ / "raw"
 
     def prepare_data(self) -> None:
-        # torchvision takes a .gz put into raw/ only if its md5 is the original's; a re-packed copy (Debian's
-        # dataset-fashion-mnist) holds the same IDX bytes in another gzip stream. The IDX reader checks them.
+        # torchvision takes a .gz put into raw/ only if its md5 is the original's; a re-packed copy
+        # (Debian's dataset-fashion-mnist) holds the same IDX bytes in another gzip stream. The IDX
+        # reader checks them.
         for name, _ in self.dataset.resources:
-            archive, target = self.raw_folder / name, self.raw_folder / name.removesuffix(".gz")
+            archive = self.raw_folder / name
+            target = self.raw_folder / name.removesuffix(".gz")
             if archive.is_file() and not target.is_file():
                 try:
                     target.with_suffix(".part").write_bytes(gzip.decompress(archive.read_bytes()))
@@ -42,26 +46,30 @@ class MNISTDataModule(ImageDataModule):
         if all((self.raw_folder / name).is_file() for name in names):
             return
         if not self.download:
-            raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} (and --data.download is false)")
+            raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} "
+                            f"(and --data.download is false)")
         try:
             self.dataset(Path(self.data_dir).expanduser(), download=True)
         except (OSError, RuntimeError) as e:
-            raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} and could not be downloaded "
-                            f"({download_error(e)}). Put its four IDX files there, gzipped or not: "
-                            f"{', '.join(names)}, or pass --data.data_dir with the folder that holds "
-                            f"{self.dataset.__name__}/raw/") from None
+            raise DataError(f"{self.dataset.__name__} is not in {self.raw_folder} and could not be "
+                            f"downloaded ({download_error(e)}). Put its four IDX files there, "
+                            f"gzipped or not: {', '.join(names)}, or pass --data.data_dir with the "
+                            f"folder that holds {self.dataset.__name__}/raw/") from None
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             data = self.dataset(Path(self.data_dir).expanduser(), train=split == "train")
-        except (OSError, RuntimeError, ValueError, AssertionError) as e:  # missing, truncated or foreign IDX files
-            raise DataError(f"cannot read {self.dataset.__name__}'s {split} files in {self.raw_folder} "
-                            f"({type(e).__name__}: {e}); replace them with whole copies") from None
+        except (OSError, RuntimeError, ValueError, AssertionError) as e:
+            # missing, truncated or foreign IDX files
+            raise DataError(f"cannot read {self.dataset.__name__}'s {split} files in "
+                            f"{self.raw_folder} ({type(e).__name__}: {e}); "
+                            f"replace them with whole copies") from None
         return data.data.unsqueeze(1).contiguous(), data.targets
 
 
 class FashionMNISTDataModule(MNISTDataModule):
-    """Fashion-MNIST (`--data fashion_mnist`), downloaded by torchvision into `data_dir/FashionMNIST/raw/`.
+    """Fashion-MNIST (`--data fashion_mnist`), downloaded by torchvision into
+    `data_dir/FashionMNIST/raw/`.
 
     Same shape and split sizes as MNIST. The arguments are ImageDataModule's.
     """

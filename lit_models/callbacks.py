@@ -1,7 +1,6 @@
-"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress bar, EMA; the
-checkpoint writer."""
+"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress
+bar, EMA."""
 
-import io
 import math
 import signal
 import sys
@@ -10,31 +9,16 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
-from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
-from datamodules.files import written_whole
-
-
-class WholeCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO through a temporary file beside the checkpoint (`written_whole`), not the system's temporary
-    folder, where a full disk left a truncated one under its name; train.py's default. s3:// paths: Lightning's."""
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None):
-        if storage_options is not None or "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        buffer = io.BytesIO()  # torch.save turns a write error into a RuntimeError without a reason: errors as OSError
-        torch.save(checkpoint, buffer)
-        with written_whole(path) as tmp, open(tmp, "wb") as file:
-            file.write(buffer.getbuffer())
-
 
 class LastCheckpoint(ModelCheckpoint):
-    """`last.ckpt`: the end of the latest epoch, or where SIGTERM (pre-emption, `scancel`, the first Ctrl-C of
-    train.py) stopped a fit, between two steps or in a validation, where the state is whole: `--ckpt_path last`
-    goes on from there. Other exceptions save nothing (ModelCheckpoint's `save_on_exception` would save a diverged
-    model over a good one); ModelCheckpoint's own `save_last` writes only in epochs that write a new best.
+    """`last.ckpt`: the end of the latest epoch, or where SIGTERM (pre-emption, `scancel`, the first
+    Ctrl-C of train.py) stopped a fit, between two steps or in a validation, where the state is
+    whole: `--ckpt_path last` goes on from there. Other exceptions save nothing (ModelCheckpoint's
+    `save_on_exception` would save a diverged model over a good one); ModelCheckpoint's own
+    `save_last` writes only in epochs that write a new best.
 
     Args:
         filename: the checkpoint's name, without `.ckpt`.
@@ -42,20 +26,26 @@ class LastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, filename: str = "last", every_n_train_steps: int = 0):
-        super().__init__(filename=filename, monitor=None, save_top_k=1, enable_version_counter=False,
-                         every_n_train_steps=every_n_train_steps or None)
+        super().__init__(
+            filename=filename,
+            monitor=None,
+            save_top_k=1,
+            enable_version_counter=False,
+            every_n_train_steps=every_n_train_steps or None,
+        )
         self.saved_on_stop: str | None = None
 
     def on_exception(self, trainer, pl_module, exception):
         # In validation too: Lightning resumes a fit in the middle of its validation as well.
         self.saved_on_stop = None
-        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and not trainer.sanity_checking:
+        if isinstance(exception, SIGTERMException) and fitting(trainer):
             trainer.save_checkpoint(self.format_checkpoint_name({}))
             self.saved_on_stop = self.format_checkpoint_name({})
 
-    # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own only) is noted,
-    # and Lightning's handler runs in every process at once at a step's end. Run where the signal lands, mid-step,
-    # its broadcast meets another collective: the processes hang and nothing is saved (docs/multi-node.md).
+    # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own
+    # only) is noted, and Lightning's handler runs in every process at once at a step's end. Run
+    # where the signal lands, mid-step, its broadcast meets another collective: the processes hang
+    # and nothing is saved (docs/multi-node.md).
     def on_train_start(self, trainer, pl_module):
         super().on_train_start(trainer, pl_module)
         self.sigterm, self.lightning_sigterm = False, None
@@ -67,21 +57,34 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.lightning_sigterm is not None and trainer.strategy.reduce_boolean_decision(self.sigterm, all=False):
-            self.lightning_sigterm(signal.SIGTERM, None)  # trainer.received_sigterm: Lightning stops after this step
+        if self.lightning_sigterm is None:
+            return
+        if trainer.strategy.reduce_boolean_decision(self.sigterm, all=False):
+            # Lightning's handler sets trainer.received_sigterm: Lightning stops after this step.
+            self.lightning_sigterm(signal.SIGTERM, None)
+
+
+def fitting(trainer) -> bool:
+    """In a fit's training or validation, not in its sanity check."""
+    return trainer.state.fn == "fit" and not trainer.sanity_checking
 
 
 class TrainingSpeed(L.Callback):
-    """Logs each epoch's training time and images per second (`train/epoch_seconds`, `train/images_per_second`).
+    """Logs each epoch's training time and images per second (`train/epoch_seconds`,
+    `train/images_per_second`).
 
-    Only the training batches are timed (the clock stops when validation starts). Lightning's ThroughputMonitor
-    waits for the GPU after every batch to time it; this waits once per epoch, so training runs ahead of the host.
+    Only the training batches are timed (the clock stops when validation starts). Lightning's
+    ThroughputMonitor waits for the GPU after every batch to time it; this waits once per epoch, so
+    training runs ahead of the host.
     """
 
     def __init__(self):
         self.epoch_seconds: list[float] = []
         self.images = 0
-        self._seconds, self._images, self._start = 0.0, 0, None  # this epoch's, and the clock while it runs
+        # This epoch's seconds and images, and the clock while it runs.
+        self._seconds = 0.0
+        self._images = 0
+        self._start: float | None = None
 
     def _now(self, trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -92,35 +95,42 @@ class TrainingSpeed(L.Callback):
         self._seconds, self._images = 0.0, 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self._start is None:  # the epoch's first batch, or the first after a validation or a resume
+        # The epoch's first batch, or the first after a validation or a resume.
+        if self._start is None:
             self._start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._images += len(batch[1])  # a shape, not a value: no sync
 
     def on_validation_start(self, trainer, pl_module):
-        if self._start is not None:  # the clock stops for validation, also mid-epoch (val_check_interval)
+        # The clock stops for validation, also mid-epoch (val_check_interval).
+        if self._start is not None:
             self._seconds += self._now(trainer) - self._start
             self._start = None
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.on_validation_start(trainer, pl_module)
         if self._seconds > 0:
+            images = self._images * trainer.world_size
             self.epoch_seconds.append(self._seconds)
-            self.images += self._images * trainer.world_size
-            pl_module.log_dict({"train/epoch_seconds": self._seconds,
-                                "train/images_per_second": self._images * trainer.world_size / self._seconds})
+            self.images += images
+            pl_module.log_dict({
+                "train/epoch_seconds": self._seconds,
+                "train/images_per_second": images / self._seconds,
+            })
 
     @property
     def images_per_second(self) -> float:
         """Over every epoch trained by this fit."""
-        return self.images / sum(self.epoch_seconds) if self.epoch_seconds else 0.0
+        if not self.epoch_seconds:
+            return 0.0
+        return self.images / sum(self.epoch_seconds)
 
 
 class TimedProgressBar(TQDMProgressBar):
-    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart, and at the end of each bar: Lightning's
-    redraw after every batch, a measurable share of a tutorial network's step (docs/benchmarks.md), and in a file
-    (SLURM, CI, nohup) every redraw stays.
+    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart, and at the end of each
+    bar: Lightning's redraw after every batch, a measurable share of a tutorial network's step
+    (docs/benchmarks.md), and in a file (SLURM, CI, nohup) every redraw stays.
 
     Args:
         refresh_seconds: the least time between two redraws; None: 0.1 in a terminal, 30 otherwise.
@@ -128,25 +138,34 @@ class TimedProgressBar(TQDMProgressBar):
 
     def __init__(self, refresh_seconds: float | None = None):
         super().__init__()
-        self.refresh_seconds = refresh_seconds if refresh_seconds is not None else \
-            0.1 if sys.stdout.isatty() else 30.0  # where Lightning's bars write
+        if refresh_seconds is None:
+            # sys.stdout: where Lightning's bars write.
+            refresh_seconds = 0.1 if sys.stdout.isatty() else 30.0
+        self.refresh_seconds = refresh_seconds
         self._drawn = -math.inf
 
     def _should_update(self, current: int, total: int) -> bool:
-        # What Lightning's bar asks at every batch of every stage: a private method, which docs/design.md names.
+        # What Lightning's bar asks at every batch of every stage: a private method, which
+        # docs/design.md names.
         now = time.monotonic()
-        if self.is_enabled and (now - self._drawn >= self.refresh_seconds or current >= total):
+        if self.is_enabled and self._redraw_due(now, current, total):
             self._drawn = now
             return True
         return False
 
+    def _redraw_due(self, now: float, current: int, total: int) -> bool:
+        """`refresh_seconds` since the last redraw, or the end of the bar."""
+        return now - self._drawn >= self.refresh_seconds or current >= total
+
 
 class EMA(WeightAveraging):
-    """Lightning's WeightAveraging as an exponential moving average of the weights (`--trainer.callbacks+=EMA`).
+    """Lightning's WeightAveraging as an exponential moving average of the weights
+    (`--trainer.callbacks+=EMA`).
 
-    Updated after every optimizer step from `start_step` on; validation, checkpoints, testing and everything after
-    training use the averaged weights (WeightAveraging swaps them in). Only a subclass because WeightAveraging takes
-    its averaging function as a callable, which a command line cannot give.
+    Updated after every optimizer step from `start_step` on; validation, checkpoints, testing and
+    everything after training use the averaged weights (WeightAveraging swaps them in). Only a
+    subclass because WeightAveraging takes its averaging function as a callable, which a command
+    line cannot give.
 
     Args:
         decay: the weight of the average so far at each update (0.999: about the last 1000 steps).

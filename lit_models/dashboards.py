@@ -1,4 +1,5 @@
-"""What TensorBoard shows of a run beyond its scalars: test images and confusions, train against val, HParams."""
+"""What TensorBoard shows of a run beyond its scalars: test images and confusions, train against
+val, HParams."""
 
 from argparse import Namespace
 from collections.abc import Mapping
@@ -12,26 +13,34 @@ from torch.utils.tensorboard.summary import hparams
 
 from lit_models.classifier import ImageClassifier
 
-# Tags are regular expressions in a Custom Scalars layout: anchored, so that val/acc does not take val/acc_best.
-LAYOUT = {"train vs val": {"loss": ["Multiline", ["^train/loss_step$", "^train/loss_epoch$", "^val/loss$"]],
-                           "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]]}}
-TILE, LINE, PAD = 96, 14, 4  # a test image is enlarged to about TILE pixels, with two lines of LINE under it
+# Tags are regular expressions in a Custom Scalars layout: anchored, so that val/acc does not take
+# val/acc_best.
+LAYOUT = {
+    "train vs val": {
+        "loss": ["Multiline", ["^train/loss_step$", "^train/loss_epoch$", "^val/loss$"]],
+        "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]],
+    },
+}
+# A test image is enlarged to about TILE pixels, with two lines of LINE under it.
+TILE, LINE, PAD = 96, 14, 4
 GREEN, RED, GREY = (0, 120, 0), (200, 0, 0), (90, 90, 90)
 FONT = ImageFont.load_default(size=LINE - 2)
 
 
 class Dashboards(L.Callback):
-    """TensorBoard's Images, Custom Scalars and HParams tabs for a run (`--trainer.callbacks+=Dashboards`, one of
-    train.py's default callbacks).
+    """TensorBoard's Images, Custom Scalars and HParams tabs for a run
+    (`--trainer.callbacks+=Dashboards`, one of train.py's default callbacks).
 
-    - At test: `test/predictions`, a grid of test images (the first ones of each test batch, in equal shares)
-      with their true class (grey) and the predicted one (green, or red in a red frame for a mistake), and
-      `test/confusion_matrix` (rows: true classes, columns: predicted; shaded by the share of the row), as images
-      at the step the model was trained to. MLflow takes them as artifacts `test/*.png`; other loggers skip them.
-    - At the start of a run: a Custom Scalars layout (train and val loss on one chart, accuracy on another), and
-      the HParams tab's row: the model's, data's, optimizer's and schedule's settings as flat columns (`model/lr`,
-      `data/batch_size`, a class path by its class name) against `metrics`, before Lightning's own summary
-      (TensorBoard keeps a run's first). Nothing runs in a training step.
+    - At test: `test/predictions`, a grid of test images (the first ones of each test batch, in
+      equal shares) with their true class (grey) and the predicted one (green, or red in a red
+      frame for a mistake), and `test/confusion_matrix` (rows: true classes, columns: predicted;
+      shaded by the share of the row), as images at the step the model was trained to. MLflow
+      takes them as artifacts `test/*.png`; other loggers skip them.
+    - At the start of a run: a Custom Scalars layout (train and val loss on one chart, accuracy on
+      another), and the HParams tab's row: the model's, data's, optimizer's and schedule's settings
+      as flat columns (`model/lr`, `data/batch_size`, a class path by its class name) against
+      `metrics`, before Lightning's own summary (TensorBoard keeps a run's first). Nothing runs in
+      a training step.
 
     Args:
         images: how many test images `test/predictions` shows (0: none).
@@ -40,10 +49,12 @@ class Dashboards(L.Callback):
 
     def __init__(self, images: int = 32, metrics: tuple[str, ...] = ("val/acc_best", "test/acc")):
         self.images, self.metrics = images, list(metrics)
-        self.started: set[str] = set()  # the TensorBoard runs whose layout and settings are written
+        # The TensorBoard runs whose layout and settings are written.
+        self.started: set[str] = set()
         self.shown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    # The start of a run: before Lightning logs its hyperparameters (at fit, the optimizers exist then).
+    # The start of a run: before Lightning logs its hyperparameters (at fit, the optimizers exist
+    # then).
     def setup(self, trainer, pl_module, stage):
         if stage in ("validate", "test"):
             self.start(trainer, pl_module)
@@ -55,23 +66,22 @@ class Dashboards(L.Callback):
         if not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
-                self.started.add(logger.log_dir)
-                logger.experiment.add_custom_scalars(LAYOUT)
-                if trainer.enable_autolog_hparams:
-                    for summary in hparams(settings(trainer, pl_module), dict.fromkeys(self.metrics, 0.0)):
-                        logger.experiment.file_writer.add_summary(summary)
+            if not isinstance(logger, TensorBoardLogger) or logger.log_dir in self.started:
+                continue
+            self.started.add(logger.log_dir)
+            logger.experiment.add_custom_scalars(LAYOUT)
+            if trainer.enable_autolog_hparams:
+                columns = settings(trainer, pl_module)
+                for summary in hparams(columns, dict.fromkeys(self.metrics, 0.0)):
+                    logger.experiment.file_writer.add_summary(summary)
 
     def on_test_epoch_start(self, trainer, pl_module):
         self.shown = []
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        # Spread over the test batches, as evenly as they come: a test set may be sorted by class.
-        batches = trainer.num_test_batches[dataloader_idx]
-        wanted = self.images if batches == float("inf") else \
-            self.images * (batch_idx + 1) // batches - self.images * batch_idx // batches
+        wanted = self.wanted(trainer.num_test_batches[dataloader_idx], batch_idx)
         wanted = min(wanted, self.images - sum(len(labels) for _, labels, _ in self.shown))
-        if wanted <= 0 or not trainer.is_global_zero or not image_loggers(trainer):
+        if wanted <= 0 or not shows_images(trainer):
             return
         images, labels = batch[0][:wanted], batch[1][:wanted]
         # The weights (averaged ones too, under EMA) and precision of this test step.
@@ -79,28 +89,52 @@ class Dashboards(L.Callback):
             predicted = pl_module(images).argmax(1)
         self.shown.append((images.cpu(), labels.cpu(), predicted.cpu()))
 
+    def wanted(self, batches: float, batch_idx: int) -> int:
+        """This test batch's share of `images`: spread over the test batches, as evenly as they
+        come (a test set may be sorted by class); all of them when the batches are not counted."""
+        if batches == float("inf"):
+            return self.images
+        return self.images * (batch_idx + 1) // batches - self.images * batch_idx // batches
+
     def on_test_epoch_end(self, trainer, pl_module):
         loggers = image_loggers(trainer)
-        # Before the model's own hook resets it; on every process, which a synced compute needs.
-        confusion = pl_module.test_confusion.compute() if loggers and isinstance(pl_module, ImageClassifier) else None
+        classifier = isinstance(pl_module, ImageClassifier)
+        confusion = None
+        if loggers and classifier:
+            # Before the model's own hook resets it; on every process, which a synced compute
+            # needs.
+            confusion = pl_module.test_confusion.compute()
         if not trainer.is_global_zero or not loggers:
             return
-        names = pl_module.class_names if isinstance(pl_module, ImageClassifier) else None
-        figures = {}
-        if self.shown:
-            images, labels, predicted = (torch.cat(parts) for parts in zip(*self.shown))
-            names = names or [str(k) for k in range(int(max(labels.max(), predicted.max())) + 1)]
-            figures["test/predictions"] = prediction_grid(images, labels, predicted, names)
-        if confusion is not None:
-            figures["test/confusion_matrix"] = confusion_image(confusion.cpu(), names)
-        for tag, figure in figures.items():
+        names = None
+        if classifier:
+            names = pl_module.class_names
+        for tag, figure in self.figures(confusion, names).items():
             for logger in loggers:
                 log_image(logger, tag, figure, trainer.global_step)
         self.shown = []
 
+    def figures(self, confusion: torch.Tensor | None, names: list[str] | None) -> dict:
+        """`test/predictions` of the images shown, and `test/confusion_matrix`, by tag."""
+        figures = {}
+        if self.shown:
+            images, labels, predicted = (torch.cat(parts) for parts in zip(*self.shown))
+            largest = int(max(labels.max(), predicted.max()))
+            names = names or [str(k) for k in range(largest + 1)]
+            figures["test/predictions"] = prediction_grid(images, labels, predicted, names)
+        if confusion is not None:
+            figures["test/confusion_matrix"] = confusion_image(confusion.cpu(), names)
+        return figures
+
 
 def image_loggers(trainer) -> list:
-    return [logger for logger in trainer.loggers if isinstance(logger, (TensorBoardLogger, MLFlowLogger))]
+    kinds = (TensorBoardLogger, MLFlowLogger)
+    return [logger for logger in trainer.loggers if isinstance(logger, kinds)]
+
+
+def shows_images(trainer) -> bool:
+    """The process that draws the test images: the first, with a logger that takes images."""
+    return trainer.is_global_zero and bool(image_loggers(trainer))
 
 
 def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
@@ -111,35 +145,49 @@ def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
 
 
 def settings(trainer, pl_module) -> dict[str, str | int | float]:
-    """The run's settings as HParams columns: the model's and data module's hyperparameters as they were given
-    (`model/...`, `data/...`), the optimizers' classes and numeric settings, the schedules' classes, the epochs."""
-    # The optimizer and schedule as they run (below), not as configured: the model's lr replaces the optimizer's.
-    model = {k: v for k, v in pl_module.hparams_initial.items() if k not in ("optimizer", "scheduler")}
+    """The run's settings as HParams columns: the model's and data module's hyperparameters as they
+    were given (`model/...`, `data/...`), the optimizers' classes and numeric settings, the
+    schedules' classes, the epochs."""
+    # The optimizer and schedule as they run (below), not as configured: the model's lr replaces
+    # the optimizer's.
+    given = pl_module.hparams_initial
+    model = {k: v for k, v in given.items() if k not in ("optimizer", "scheduler")}
     columns = flatten(model, "model/")
     if trainer.datamodule is not None:
         columns["data"] = type(trainer.datamodule).__name__
         columns |= flatten(trainer.datamodule.hparams_initial, "data/")
     for i, optimizer in enumerate(trainer.optimizers):
-        name = "optimizer" if i == 0 else f"optimizer_{i}"
+        name = numbered("optimizer", i)
         columns[name] = type(optimizer).__name__
         # Its flags (foreach, fused, maximize, ...) say how it runs, not what it does.
-        columns |= flatten({k: v for k, v in optimizer.defaults.items() if not isinstance(v, bool)}, f"{name}/")
+        numeric = {k: v for k, v in optimizer.defaults.items() if not isinstance(v, bool)}
+        columns |= flatten(numeric, f"{name}/")
     for i, config in enumerate(trainer.lr_scheduler_configs):
-        columns["scheduler" if i == 0 else f"scheduler_{i}"] = type(config.scheduler).__name__
-    columns |= flatten({"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}, "trainer/")
+        columns[numbered("scheduler", i)] = type(config.scheduler).__name__
+    epochs = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
+    columns |= flatten(epochs, "trainer/")
     return columns
 
 
+def numbered(name: str, i: int) -> str:
+    """The column of the i-th optimizer or schedule: `name`, then `name_1`, `name_2`, ..."""
+    if i == 0:
+        return name
+    return f"{name}_{i}"
+
+
 def flatten(params: Mapping, prefix: str = "") -> dict[str, str | int | float]:
-    """Nested settings as flat columns ("model/net/hidden"): a `class_path`/`init_args` part as its class name and
-    its arguments; numbers and strings as they are, booleans as true/false, short lists joined. Left out: private
-    keys (LightningCLI's `_instantiator`, `_class_path`), None and -1 (not set), long lists (class names)."""
+    """Nested settings as flat columns ("model/net/hidden"): a `class_path`/`init_args` part as its
+    class name and its arguments; numbers and strings as they are, booleans as true/false, short
+    lists joined. Left out: private keys (LightningCLI's `_instantiator`, `_class_path`), None and
+    -1 (not set), long lists (class names)."""
     columns = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Namespace):
             value = vars(value)
-        if str(key).startswith("_") or value is None or (isinstance(value, (int, float)) and value == -1):
+        private = str(key).startswith("_")
+        if private or not_set(value):
             continue
         if isinstance(value, Mapping):
             if "class_path" in value:
@@ -150,12 +198,38 @@ def flatten(params: Mapping, prefix: str = "") -> dict[str, str | int | float]:
             columns[name] = str(value).lower()
         elif isinstance(value, (int, float, str)):
             columns[name] = value
-        elif isinstance(value, (type, torch.nn.Module)):  # a class, or a module by its class
-            columns[name] = (value if isinstance(value, type) else type(value)).__name__
-        elif isinstance(value, (list, tuple)) and len(value) <= 4 and all(isinstance(v, (int, float, str))
-                                                                           for v in value):
-            columns[name] = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+        elif isinstance(value, (type, torch.nn.Module)):
+            columns[name] = class_name(value)
+        elif short_list(value):
+            columns[name] = ", ".join(list_item(v) for v in value)
     return columns
+
+
+def not_set(value) -> bool:
+    """None or -1: a setting left at "not set"."""
+    if value is None:
+        return True
+    return isinstance(value, (int, float)) and value == -1
+
+
+def class_name(value: type | torch.nn.Module) -> str:
+    """A class by its name, a module by its class's."""
+    if isinstance(value, type):
+        return value.__name__
+    return type(value).__name__
+
+
+def short_list(value) -> bool:
+    """A list or tuple of at most 4 numbers or strings; longer ones (class names) are left out."""
+    if not isinstance(value, (list, tuple)) or len(value) > 4:
+        return False
+    return all(isinstance(v, (int, float, str)) for v in value)
+
+
+def list_item(value: int | float | str) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 def fit_text(draw: ImageDraw.ImageDraw, text: str, width: int) -> str:
@@ -164,38 +238,49 @@ def fit_text(draw: ImageDraw.ImageDraw, text: str, width: int) -> str:
     return text
 
 
-def prediction_grid(images: torch.Tensor, labels: torch.Tensor, predicted: torch.Tensor, names: list[str],
-                    columns: int = 8) -> Image.Image:
-    """uint8 images (N, C, H, W) in a grid of `columns`, each enlarged by a whole factor to about TILE pixels (at
-    least TILE wide), its true class under it and the predicted one (green, or red and framed in red: a mistake)."""
-    n, channels, height, width = images.shape
+def prediction_grid(images: torch.Tensor, labels: torch.Tensor, predicted: torch.Tensor,
+                    names: list[str], columns: int = 8) -> Image.Image:
+    """uint8 images (N, C, H, W) in a grid of `columns`, each enlarged by a whole factor to about
+    TILE pixels (at least TILE wide), its true class under it and the predicted one (green, or red
+    and framed in red: a mistake)."""
+    n, _, height, width = images.shape
     scale = max(1, TILE // max(height, width))
-    cell_w, cell_h = max(TILE, width * scale) + 2 * PAD, height * scale + 2 * LINE + 3 * PAD
+    cell_w = max(TILE, width * scale) + 2 * PAD
+    cell_h = height * scale + 2 * LINE + 3 * PAD
     rows = -(-n // columns)
     grid = Image.new("RGB", (min(n, columns) * cell_w, rows * cell_h), "white")
     draw = ImageDraw.Draw(grid)
-    pixels = images.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-    pixels = pixels.expand(-1, -1, -1, 3) if channels == 1 else pixels[..., :3]
+    pixels = rgb(images)
     for i in range(n):
         x, y = (i % columns) * cell_w, (i // columns) * cell_h
         tile = Image.fromarray(np.ascontiguousarray(pixels[i].numpy()))
         tile = tile.resize((width * scale, height * scale), Image.NEAREST)
         left = x + (cell_w - tile.width) // 2
         grid.paste(tile, (left, y + PAD))
-        wrong = bool(labels[i] != predicted[i])
-        if wrong:
-            draw.rectangle((left - 2, y + PAD - 2, left + tile.width + 1, y + PAD + tile.height + 1), outline=RED,
-                           width=2)
-        captions = ((names[labels[i]], GREY), (names[predicted[i]], RED if wrong else GREEN))
+        verdict = GREEN
+        if labels[i] != predicted[i]:
+            verdict = RED
+            frame = (left - 2, y + PAD - 2, left + tile.width + 1, y + PAD + tile.height + 1)
+            draw.rectangle(frame, outline=RED, width=2)
+        captions = ((names[labels[i]], GREY), (names[predicted[i]], verdict))
         for line, (text, colour) in enumerate(captions):
-            draw.text((x + PAD, y + 2 * PAD + tile.height + line * LINE), fit_text(draw, text, cell_w - 2 * PAD),
-                      fill=colour, font=FONT)
+            position = (x + PAD, y + 2 * PAD + tile.height + line * LINE)
+            draw.text(position, fit_text(draw, text, cell_w - 2 * PAD), fill=colour, font=FONT)
     return grid
 
 
+def rgb(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images (N, C, H, W) as (N, H, W, 3) pixels: one channel as grey, more cut to three."""
+    pixels = images.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+    if images.shape[1] == 1:
+        return pixels.expand(-1, -1, -1, 3)
+    return pixels[..., :3]
+
+
 def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -> Image.Image:
-    """A (K, K) confusion matrix of counts (rows: true, columns: predicted) as a heat map with the counts and the
-    class names: each cell shaded by its share of the row, so that a class's recall is its diagonal's shade."""
+    """A (K, K) confusion matrix of counts (rows: true, columns: predicted) as a heat map with the
+    counts and the class names: each cell shaded by its share of the row, so that a class's recall
+    is its diagonal's shade."""
     k = len(confusion)
     cell = max(12, min(cell, 640 // k))
     margin = int(max(FONT.getlength(name) for name in names)) + 3 * PAD + LINE
@@ -205,12 +290,15 @@ def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -
     for r in range(k):
         for c in range(k):
             shade = tuple(int(255 + (t - 255) * share[r, c]) for t in (31, 91, 180))
-            box = (margin + c * cell, margin + r * cell, margin + (c + 1) * cell - 1, margin + (r + 1) * cell - 1)
+            top, left = margin + r * cell, margin + c * cell
+            box = (left, top, left + cell - 1, top + cell - 1)
             draw.rectangle(box, fill=shade)
             if cell >= 24:
-                draw.text((box[0] + cell // 2, box[1] + cell // 2), str(int(confusion[r, c])), anchor="mm",
-                          fill="white" if share[r, c] > 0.5 else "black", font=FONT)
-        draw.text((margin - PAD, margin + r * cell + cell // 2), names[r], anchor="rm", fill="black", font=FONT)
+                centre = (left + cell // 2, top + cell // 2)
+                ink = "white" if share[r, c] > 0.5 else "black"
+                draw.text(centre, str(int(confusion[r, c])), anchor="mm", fill=ink, font=FONT)
+        row_name_at = (margin - PAD, margin + r * cell + cell // 2)
+        draw.text(row_name_at, names[r], anchor="rm", fill="black", font=FONT)
     # Column names read upwards: drawn in a strip that is then turned a quarter to the left.
     strip = Image.new("RGB", (margin - LINE, k * cell), "white")
     strip_draw = ImageDraw.Draw(strip)

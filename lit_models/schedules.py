@@ -5,41 +5,46 @@ from typing import Optional
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import OneCycleLR
 
-from lit_models.classifier import ModelError
+from lit_models.checks import ModelError
 
 
 class OneCycle(OneCycleLR):
     """One cycle over the whole run, peaking at the optimizer's lr (`--model.scheduler OneCycle`).
 
-    torch's OneCycleLR with `max_lr` taken from the optimizer, so that `--model.lr` is the one learning rate
-    to set, and `total_steps` from the trainer (`trainer.estimated_stepping_batches`, filled in by
-    ImageClassifier): warm up from lr/25 for `warmup` of the steps, then anneal (cosine) to ~0 by the last
-    step; with momentum optimizers, momentum cycles inversely (0.95 -> 0.85 -> 0.95) in place of the optimizer's
-    own, unless `cycle_momentum` is false.
+    torch's OneCycleLR with `max_lr` taken from the optimizer, so that `--model.lr` is the one
+    learning rate to set, and `total_steps` from the trainer (`trainer.estimated_stepping_batches`,
+    filled in by ImageClassifier): warm up from lr/25 for `warmup` of the steps, then anneal
+    (cosine) to ~0 by the last step; with momentum optimizers, momentum cycles inversely (0.95 ->
+    0.85 -> 0.95) in place of the optimizer's own, unless `cycle_momentum` is false.
 
     Args:
         optimizer: the optimizer whose learning rate it drives.
-        total_steps: the run's optimizer steps; None (in a config): the trainer's, filled in by the model.
+        total_steps: the run's optimizer steps; None (in a config): the trainer's, filled in by the
+            model.
         warmup: the fraction of the steps spent warming up, in (0, 1).
         cycle_momentum: cycle the momentum (or Adam's beta1) as above; false keeps the optimizer's.
     """
 
-    def __init__(self, optimizer: Optimizer, total_steps: Optional[int] = None, warmup: float = 0.25,
-                 cycle_momentum: bool = True):
+    def __init__(self, optimizer: Optimizer, total_steps: Optional[int] = None,
+                 warmup: float = 0.25, cycle_momentum: bool = True):
         if total_steps is None:
-            raise ModelError("OneCycle needs the run's number of optimizer steps (ImageClassifier gives it)")
+            raise ModelError("OneCycle needs the run's number of optimizer steps (ImageClassifier "
+                             "gives it)")
         if not 0 < warmup < 1:
             raise ModelError(f"--model.scheduler.warmup must be between 0 and 1, not {warmup}")
-        # OneCycleLR divides by the length of each phase (warm-up steps - 1, and the rest): keep both positive
-        # however short the run.
+        # OneCycleLR divides by the length of each phase (warm-up steps - 1, and the rest): keep
+        # both positive however short the run.
         pct_start = min(max(warmup, 1.5 / total_steps), 1 - 0.5 / total_steps)
-        super().__init__(optimizer, max_lr=[group["lr"] for group in optimizer.param_groups],
-                         total_steps=total_steps, pct_start=pct_start, cycle_momentum=cycle_momentum)
+        max_lr = [group["lr"] for group in optimizer.param_groups]
+        super().__init__(optimizer, max_lr=max_lr, total_steps=total_steps, pct_start=pct_start,
+                         cycle_momentum=cycle_momentum)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        # torch would take the checkpoint's length and fail with "Tried to step N times" once past it.
-        if state_dict.get("total_steps") != self.total_steps:
-            raise ModelError(f"the checkpoint's OneCycle schedule was planned for {state_dict.get('total_steps')} "
-                             f"optimizer steps and this run has {self.total_steps}: resume it with the "
-                             f"--trainer.max_epochs/max_steps it was started with, or start a new run")
+        # torch would take the checkpoint's length, and fail ("Tried to step N times") once past it.
+        planned = state_dict.get("total_steps")
+        if planned != self.total_steps:
+            raise ModelError(f"the checkpoint's OneCycle schedule was planned for {planned} "
+                             f"optimizer steps and this run has {self.total_steps}: resume it "
+                             f"with the --trainer.max_epochs/max_steps it was started with, or "
+                             f"start a new run")
         super().load_state_dict(state_dict)

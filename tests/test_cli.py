@@ -11,7 +11,7 @@ import yaml
 from conftest import ROOT, results, run_in_terminal, run_process, run_train, runs, scalars
 
 import datamodules
-import train
+from lit_cli import command_line
 from lit_models import NETWORKS
 
 
@@ -99,7 +99,7 @@ def test_a_run_without_validation_trains_on_everything_and_tests_the_last_weight
 
 
 @pytest.mark.parametrize("flag, value, names", [
-    ("--model", "no_such_recipe", train.recipes()), ("--data", "no_such_data", list(datamodules.DATA))])
+    ("--model", "no_such_recipe", command_line.recipes()), ("--data", "no_such_data", list(datamodules.DATA))])
 def test_unknown_names_exit_2_and_list_what_is_registered(flag, value, names, capsys):
     assert run_train([flag, value]) == 2
     error = capsys.readouterr().err
@@ -110,7 +110,7 @@ def test_help_and_usage_name_what_is_registered(capsys):
     assert run_train(["--help"]) == 0
     out = capsys.readouterr().out
     usage = out.split("\n\n")[0]
-    assert all(name in usage for name in [*train.recipes(), *datamodules.DATA, *train.SUBCOMMANDS])
+    assert all(name in usage for name in [*command_line.recipes(), *datamodules.DATA, *command_line.SUBCOMMANDS])
     assert all(name in out for name in ("--trainer.max_epochs", "--seed_everything", "--ckpt_path"))
     assert run_train(["--model.help", "ImageClassifier"], quiet=False) == 0
     net = " ".join(capsys.readouterr().out.split("--model.net NET")[-1].split())
@@ -207,8 +207,8 @@ def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_pa
 def test_the_registries_hold_the_built_in_names():  # and more once a user adds some
     assert {"cnn", "mlp"} <= set(NETWORKS)
     assert {"cifar10", "mnist", "fashion_mnist", "image_folder"} <= set(datamodules.DATA)
-    assert {"cnn", "mlp", "tutorial_cnn", "tutorial_mlp"} <= set(train.recipes())
-    assert "\n" not in train.usage()
+    assert {"cnn", "mlp", "tutorial_cnn", "tutorial_mlp"} <= set(command_line.recipes())
+    assert "\n" not in command_line.usage()
 
 
 @pytest.mark.parametrize("recipe, arch, epochs", [("quick_cnn", "cnn", 1), ("quick_mlp", "mlp", 4)])

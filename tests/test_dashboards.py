@@ -186,7 +186,7 @@ def test_learning_rate_monitor_steps_aside(mnist_dir, in_tmp):
     import train
 
     def monitors(*args):
-        cli = train.build(train.expand(["--model", "mlp", "--data.data_dir", str(mnist_dir), *args]))
+        cli = train.TrainCLI(["--model", "mlp", "--data.data_dir", str(mnist_dir), *args], run=False)
         return [c.logging_interval for c in cli.trainer.callbacks if isinstance(c, LearningRateMonitor)]
 
     assert monitors() == ["step"]

@@ -7,7 +7,8 @@ import torch
 from conftest import class_images, write_mnist
 
 from datamodules import CIFAR10DataModule, DataError, DeviceBatches, FashionMNISTDataModule, MNISTDataModule
-from datamodules.base import channel_stats, mix_seed, random_crop, random_flip
+from datamodules.base import channel_stats, random_crop, random_flip
+from lit_common.seeds import mix_seed
 
 
 def test_cifar10_reads_torchvision_pickles_in_nchw(cifar10_dir, monkeypatch):

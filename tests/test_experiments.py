@@ -74,8 +74,8 @@ def test_the_recipes_networks_are_the_tutorials_and_a_new_class_starts_from_its_
     mine = tmp_path / "mine.yaml"  # a configuration that gave the CNN a width the MLP also takes
     mine.write_text(yaml.safe_dump({"model": {"init_args": {"net": {"class_path": "lit_models.TutorialCNN",
                                                                     "init_args": {"hidden": [50]}}}}}))
-    cli = train.TrainCLI(train.expand(["--model", "cnn", "--config", str(mine), "--model.net", "mlp",
-                                       "--trainer.logger", "false", "--data.data_dir", str(tmp_path / "none")]))
+    cli = train.TrainCLI(["--model", "cnn", "--config", str(mine), "--model.net", "mlp", "--trainer.logger", "false",
+                          "--data.data_dir", str(tmp_path / "none")], run=False)
     assert cli.config.model.init_args.net.init_args.hidden == 128  # not the CNN's [50]
     assert "--model.net lit_models.networks.TutorialMLP starts from its own defaults: hidden" in capsys.readouterr().err
 

@@ -384,7 +384,7 @@ def test_callbacks_run_or_say_why_not(args, expected, cli_run, tmp_path, capsys)
 def test_last_is_the_newest_run_of_a_logger_not_a_sweeps_trial(tmp_path, monkeypatch):
     import os
 
-    import train
+    from lit_cli.runs import find_checkpoint
 
     monkeypatch.chdir(tmp_path)
     for i, run in enumerate(["lightning_logs/version_0", "logs/lightning_logs/version_3",
@@ -392,6 +392,6 @@ def test_last_is_the_newest_run_of_a_logger_not_a_sweeps_trial(tmp_path, monkeyp
         (tmp_path / run / "checkpoints").mkdir(parents=True)
         (tmp_path / run / "checkpoints" / "last.ckpt").write_bytes(b"")
         os.utime(tmp_path / run / "checkpoints" / "last.ckpt", (1000 + i, 1000 + i))
-    assert str(train.find_checkpoint("last", "last")) == "logs/lightning_logs/version_3/checkpoints/last.ckpt"
-    assert str(train.find_checkpoint("last", "last", "lightning_logs/sweeps/study/trial_0000")).endswith(
+    assert str(find_checkpoint("last", "last")) == "logs/lightning_logs/version_3/checkpoints/last.ckpt"
+    assert str(find_checkpoint("last", "last", "lightning_logs/sweeps/study/trial_0000")).endswith(
         "trial_0000/lightning_logs/version_0/checkpoints/last.ckpt")

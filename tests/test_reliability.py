@@ -328,7 +328,7 @@ def test_a_really_full_disk_is_named_and_left_with_no_part_of_a_checkpoint(small
 
 
 def test_files_are_written_whole_and_a_killed_writers_leftovers_go(tmp_path):
-    from datamodules.files import HOST, written_whole
+    from lit_common.files import HOST, written_whole
 
     target = tmp_path / "record.json"
     target.write_text("old")
@@ -336,7 +336,7 @@ def test_files_are_written_whole_and_a_killed_writers_leftovers_go(tmp_path):
         tmp.write_text("half")
         raise ValueError
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["record.json"]
-    writer = (f"import time\nfrom datamodules.files import written_whole\nwith written_whole('{target}') as tmp:\n"
+    writer = (f"import time\nfrom lit_common.files import written_whole\nwith written_whole('{target}') as tmp:\n"
               f" tmp.write_text('half'); print(tmp, flush=True); time.sleep(60)")
     killed = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     leftover = Path(killed.stdout.readline().strip())
@@ -357,11 +357,11 @@ def test_checkpoints_are_written_beside_them_unless_the_user_gives_a_checkpoint_
     from lightning.pytorch.plugins import AsyncCheckpointIO
 
     import train
-    from lit_models import WholeCheckpointIO
+    from lit_common.files import WholeCheckpointIO
 
     monkeypatch.chdir(tmp_path)
     for plugins, kind in (([], WholeCheckpointIO), (["--trainer.plugins=AsyncCheckpointIO"], AsyncCheckpointIO)):
-        cli = train.build(train.expand(["--model", "mlp", "--data.data_dir", str(mnist_dir), *plugins]))
+        cli = train.TrainCLI(["--model", "mlp", "--data.data_dir", str(mnist_dir), *plugins], run=False)
         assert type(cli.trainer.strategy.checkpoint_io) is kind
 
 

@@ -181,3 +181,16 @@ def test_an_explicit_output_is_replaced_only_by_a_whole_file(in_run, tmp_path, c
     assert "nothing written" in capsys.readouterr().err and mine.read_text() == "kept\n"
     assert run_train(["predict", "--ckpt_path", "best", "--output", str(mine)]) == 0  # asked for: replaced
     assert len(mine.read_text().splitlines()) == 201 and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_a_model_option_given_to_a_use_command_is_what_runs(in_run):
+    """LightningCLI 2.6 puts a checkpoint's hyperparameters over the options given to it (its _parse_ckpt_path,
+    Lightning-AI/pytorch-lightning#21455): here the options given win, and the records say so."""
+    import yaml
+
+    assert run_train(["test", "--ckpt_path", "best", "--model.flip_test", "true"]) == 0
+    test_run = max((in_run.run / "test").glob("version_*"), key=lambda r: r.stat().st_mtime)
+    assert yaml.safe_load((test_run / "config.yaml").read_text())["model"]["init_args"]["flip_test"] is True
+    assert yaml.safe_load((test_run / "hparams.yaml").read_text())["flip_test"] is True
+    trained = yaml.safe_load((in_run.run / "config.yaml").read_text())["model"]["init_args"]["flip_test"]
+    assert trained is False  # the run itself tested without flips

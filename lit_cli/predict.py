@@ -1,0 +1,158 @@
+"""`train.py predict`: each image's top classes to a CSV file, for the test split (with its true
+labels) or for image files, read with the decoder training used (README.md, Use)."""
+
+import csv
+import glob
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from lit_common.files import new_file, written_whole
+from lit_models import ModelError
+
+SHOWN = 8  # predictions printed, spread over the images (a split is often sorted by class)
+
+
+def find_images(inputs: list[str]) -> list[Path]:
+    """The image files --inputs names: files as given, folders searched recursively (by
+    extension), globs."""
+    found = []
+    for spec in inputs:
+        path = Path(spec).expanduser()
+        if path.is_file():
+            matches = [path]
+        elif path.is_dir():  # as an image folder's class folders are read: links followed, once
+            matches = list_images([path])[0]
+        else:
+            pattern = glob.glob(os.path.expanduser(spec), recursive=True)
+            matches = sorted(Path(p) for p in pattern if is_image(Path(p)))
+        if not matches:
+            raise ModelError(f"--inputs {spec}: no such file, or no image files "
+                             f"({' '.join(IMG_EXTENSIONS)}) there")
+        found += matches
+    return found
+
+
+def is_image(path: Path) -> bool:
+    return path.name.lower().endswith(IMG_EXTENSIONS) and path.is_file()
+
+
+class CSVPredictions(BasePredictionWriter):
+    """One CSV row per image as Lightning's predict loop produces each batch: its name, the top
+    classes with their probabilities, and the true label of a split's image. A file that could
+    not be read is named and skipped.
+
+    Args:
+        file: the open CSV file.
+        class_names: the model's classes.
+        files: the image files predicted, in order; none: a data module's test split.
+        top_k: how many classes each row ranks.
+    """
+
+    def __init__(self, file, class_names: list[str], files: list[Path] | None, top_k: int = 3):
+        super().__init__(write_interval="batch")
+        self.class_names, self.files = class_names, [str(f) for f in files or []]
+        self.labelled = files is None  # a split's batches are (images, labels)
+        self.top_k = min(top_k, len(class_names))
+        self.csv = csv.writer(file)
+        self.seen, self.rows, self.correct, self.failures = 0, [], 0, []
+        ranks = [f"top{k}{part}" for k in range(2, self.top_k + 1) for part in ("", "_probability")]
+        self.csv.writerow(["path", "label", "probability", *ranks] + ["true_label"] * self.labelled)
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                           dataloader_idx=0):
+        top = prediction.float().topk(self.top_k, dim=1)
+        probabilities, classes = top.values.cpu().tolist(), top.indices.cpu().tolist()
+        for i, (p, c) in enumerate(zip(probabilities, classes)):
+            ranked = [(self.class_names[c[k]], f"{p[k]:.6f}") for k in range(self.top_k)]
+            row = [self.name(trainer, self.seen + i), *(x for pair in ranked for x in pair)]
+            if self.labelled:
+                truth = int(batch[1][i])
+                row.append(self.class_names[truth])
+                self.correct += c[0] == truth
+            elif i in batch[1]:  # a batch of files: (images, {index: why it was unreadable})
+                self.skip(row[0], batch[1][i])
+                continue
+            self.csv.writerow(row)
+            self.rows.append(row)
+        self.seen += len(probabilities)
+        if trainer.received_sigterm:  # Lightning's predict loop runs on through SIGTERM
+            raise SIGTERMException
+
+    def name(self, trainer, n: int) -> str:
+        if self.files:
+            return self.files[n]
+        return f"{trainer.datamodule.name or 'test'}:test:{n}"
+
+    def skip(self, name: str, reason: str) -> None:
+        self.failures.append(name)
+        print(f"train.py: skipped {name}: cannot read it ({reason})", file=sys.stderr)
+
+
+def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None,
+            output: str | None, weights_only: bool | None = None) -> dict:
+    """Lightning's predict of `data`'s test split, or of the image files `inputs` names, through
+    CSVPredictions into `output` (default: a new file beside the checkpoint's run)."""
+    paths, loader = None, None
+    if inputs:  # Lightning predicts these files' loader, not the data module's split
+        paths = find_images(inputs)
+        channels, height, width = model.hparams.image_shape
+        loader, data = ImageFiles(paths, channels, (height, width)).loader(), None
+    target = output_file(output, ckpt_path)
+    with written_whole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
+        writer = CSVPredictions(file, model.class_names, paths)
+        trainer.callbacks.append(writer)
+        start = time.perf_counter()
+        L.Trainer.predict(trainer, model, dataloaders=loader, datamodule=data,
+                          return_predictions=False, ckpt_path=ckpt_path, weights_only=weights_only)
+        seconds = time.perf_counter() - start
+        if not writer.rows:
+            raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
+    show(writer, model.class_names)
+    return report(writer, target, seconds, trainer.strategy.root_device)
+
+
+def output_file(output: str | None, ckpt_path) -> Path:
+    """`--output`, or a new predictions-DATE-TIME.csv beside the checkpoint's run."""
+    if output:
+        return Path(output).expanduser()
+    stem = f"predictions-{datetime.now():%Y%m%d-%H%M%S}"
+    return new_file(Path(ckpt_path).parent.parent, stem, ".csv")
+
+
+def report(writer: CSVPredictions, target: Path, seconds: float, device) -> dict:
+    """The last line of a prediction, and its record."""
+    said, accuracy = "", None
+    if writer.labelled:
+        accuracy = writer.correct / len(writer.rows)
+        said = f"; accuracy {accuracy:.4f}"
+    if writer.failures:
+        said += f"; {len(writer.failures)} unreadable skipped"
+    speed = f"{writer.seen / seconds:,.0f} images/s"
+    print(f"Predicted {len(writer.rows):,} images in {seconds:.2f} s ({speed}) on {device}"
+          f"{said}; wrote {target}")
+    return {"stage": "predict", "output": str(target), "images": len(writer.rows),
+            "accuracy": accuracy, "unreadable": writer.failures, "seconds": seconds}
+
+
+def show(writer: CSVPredictions, class_names: list[str]) -> None:
+    """A few of the predictions, spread over the images: files with their top classes, or a
+    split's true and predicted classes in two lines, as the tutorial prints them."""
+    rows = writer.rows
+    shown = [rows[i * len(rows) // SHOWN] for i in range(min(SHOWN, len(rows)))]
+    if writer.labelled:
+        width = max(len(name) for name in class_names)
+        print("GroundTruth:  " + " ".join(f"{row[-1]:{width}s}" for row in shown).rstrip())
+        print("Predicted:    " + " ".join(f"{row[1]:{width}s}" for row in shown).rstrip())
+        return
+    for row in shown:
+        ranks = range(3, len(row) - 1, 2)
+        others = "".join(f"; {row[i]} {float(row[i + 1]):.3f}" for i in ranks)
+        print(f"{row[0]}  {row[1]} ({float(row[2]):.3f}){others}")

@@ -1,0 +1,292 @@
+"""Runs and their checkpoints: which file `--ckpt_path best|last|RUN` names, whether it is whole,
+whether it can resume, and the run folder a new run or test claims for itself."""
+
+import fcntl
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import torch
+import yaml
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_only
+from packaging.version import InvalidVersion, Version
+
+from lit_cli.defaults import USE_CALLBACKS
+from lit_cli.errors import UsageError
+from lit_common.files import remove_leftovers
+from lit_models import ModelError
+
+# How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
+# logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials lie deeper, and are not taken.
+DEPTH = 3
+
+
+def option(args: list[str], key: str) -> tuple[str | None, list[str]]:
+    """The value the command line gives `key` (`--key V` or `--key=V`; the last one), and the
+    command line without it."""
+    value, rest, i = None, [], 0
+    while i < len(args):
+        if args[i] == key and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        elif args[i].startswith(key + "="):
+            value, i = args[i].split("=", 1)[1], i + 1
+        else:
+            rest, i = rest + [args[i]], i + 1
+    return value, rest
+
+
+def replay(subcommand: str, spec: str, args: list[str],
+           configured: bool = False) -> tuple[list[str], list[str]]:
+    """What `--ckpt_path SPEC` puts before the command line's own options, and those options
+    with the checkpoint's file as `--ckpt_path`.
+
+    First the run's config.yaml (a checkpoint moved out of its run: the data module it names),
+    unless a fit is `configured` by a `--config` or `--model` of the command line.
+    Resuming a fit: the run's own logger, so that it goes on in its folder. Testing, validating,
+    predicting or exporting: one process, the dashboards and progress bar of the defaults, a logger
+    inside the run (test, validate) or none, and the model as the checkpoint holds it.
+    """
+    _, args = option(args, "--ckpt_path")
+    root = option(args, "--trainer.default_root_dir")[0]
+    prefer = {"fit": "last"}.get(subcommand, "best")
+    path = find_checkpoint(spec, prefer, root).resolve()
+    contents = read_checkpoint(path)
+    config = path.parent.parent / "config.yaml"
+    logger_given = option(args, "--trainer.logger")[0] is not None
+    base = []
+    if subcommand != "fit" or not configured:
+        base = run_configuration(path, contents, args)
+    if subcommand == "fit":
+        check_resumable(path, contents)
+        if not logger_given:
+            base += own_logger(path, config)
+        rank_zero_only(print)(f"Resuming {path}")
+    else:
+        base += use_settings(subcommand, path, config, logger_given)
+        model = model_spec(contents)
+        base.append(f"--model={json.dumps(model)}")
+        net = model["init_args"]["net"]["class_path"].rpartition(".")[2]
+        rank_zero_only(print)(f"Using {path} ({net}, epoch {contents.get('epoch')}, "
+                              f"step {contents.get('global_step')})")
+    return base, [*args, "--ckpt_path", str(path)]
+
+
+def run_configuration(path: Path, contents: dict, args: list[str]) -> list[str]:
+    """The run's config.yaml; for a checkpoint moved out of its run, the data module its
+    hyperparameters name."""
+    config = path.parent.parent / "config.yaml"
+    if config.is_file():
+        return ["--config", str(config)]
+    data = data_spec(contents)
+    if data is not None:
+        return [f"--data={json.dumps(data)}"]
+    if option(args, "--data")[0] is None:
+        raise UsageError(f"{path} does not say which data set it was trained on and has no "
+                         f"config.yaml beside its folder: pass --data NAME (and its options)")
+    return []
+
+
+def own_logger(path: Path, config: Path) -> list[str]:
+    """The run's default logger, writing into the run's own folder (not a new version_N)."""
+    run = path.parent.parent
+    if path.parent.name != "checkpoints" or not config.is_file():
+        return []
+    logger = logger_in(config, save_dir=run.parent.parent, name=run.parent.name, version=run.name)
+    if logger is None:
+        return []
+    return [f"--trainer.logger={logger}"]
+
+
+def use_settings(subcommand: str, path: Path, config: Path, logger_given: bool) -> list[str]:
+    """One process, the defaults' dashboards and progress bar (`+=` adds one), and a logger:
+    a test or validation logs in a folder of the run it uses (TensorBoard shows it under the
+    run); predict and export log nothing."""
+    settings = ["--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
+                f"--trainer.callbacks={json.dumps(USE_CALLBACKS)}"]
+    if logger_given:
+        return settings
+    if subcommand in ("predict", "export") or not config.is_file():
+        return settings + ["--trainer.logger=false"]
+    # A logger that keeps its runs elsewhere (MLflow's store) logs as the run did.
+    logger = logger_in(config, save_dir=path.parent.parent / subcommand, name="", version=None)
+    if logger is None:
+        return settings
+    return settings + [f"--trainer.logger={logger}"]
+
+
+def find_checkpoint(spec: str, prefer: str, root: str | None = None) -> Path:
+    """The checkpoint `spec` names: a file; a run folder (its `prefer`: best or last); or
+    best/last of the newest run below `root` (default: here), by the time of its newest
+    checkpoint."""
+    path = Path(spec).expanduser()
+    if spec in ("best", "last") and not path.exists():
+        path, prefer = newest_run(spec, Path(root or ".")), spec
+    if not path.is_dir():
+        return path
+    files = sorted((path / "checkpoints").glob("*.ckpt"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        raise UsageError(f"--ckpt_path {spec}: no checkpoints in {path / 'checkpoints'}")
+    best = None
+    if prefer == "best":
+        best = best_checkpoint(files[-1])
+    last = path / "checkpoints" / "last.ckpt"
+    if best is None and last.is_file():
+        best = last
+    return best or files[-1]
+
+
+def newest_run(spec: str, root: Path) -> Path:
+    """The run folder below `root` whose checkpoints were written last, wherever a logger put it."""
+    patterns = ["*/" * depth + "checkpoints/*.ckpt" for depth in range(DEPTH + 1)]
+    folders = {f.parent for pattern in patterns for f in root.glob(pattern)}
+    if not folders:
+        raise UsageError(f"--ckpt_path {spec}: no run with checkpoints in {root.resolve()} (or up "
+                         f"to three folders below it); --trainer.default_root_dir DIR looks in DIR")
+    newest = max(folders, key=lambda f: max(c.stat().st_mtime for c in f.glob("*.ckpt")))
+    return newest.parent
+
+
+def best_checkpoint(newest: Path) -> Path | None:
+    """The best checkpoint as the newest one's ModelCheckpoint state records it, if it is there."""
+    for state in read_checkpoint(newest).get("callbacks", {}).values():
+        if not state.get("monitor"):
+            continue
+        best = newest.parent / Path(state.get("best_model_path") or "").name
+        if best.is_file():
+            return best
+    return None
+
+
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint file's contents, checked to be a whole checkpoint of an ImageClassifier."""
+    if not path.is_file():
+        raise UsageError(f"--ckpt_path {path}: no such checkpoint file")
+    try:  # torch's reader skips the zip's checksums: a damaged file would load
+        damaged = zipfile.ZipFile(path).testzip()
+    except (zipfile.BadZipFile, OSError, EOFError):  # not a whole zip: torch.load below says so
+        damaged = None
+    remove_leftovers(path.parent)  # of a write into its folder that was killed
+    if damaged:
+        raise ModelError(f"checkpoint {path} is damaged ({damaged} fails its check) or not a "
+                         f"checkpoint")
+    try:
+        contents = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # zip, pickle and EOF errors alike: not a whole checkpoint
+        raise ModelError(f"checkpoint {path} cannot be read; it may be truncated or not a "
+                         f"checkpoint ({type(e).__name__})") from None
+    check_contents(path, contents)
+    return contents
+
+
+def check_contents(path: Path, contents) -> None:
+    """A ModelError unless `contents` holds an ImageClassifier's weights, hyperparameters and
+    Lightning version."""
+    if not isinstance(contents, dict):
+        contents = {}
+    hparams = contents.get("hyper_parameters")
+    if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
+        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no "
+                         f"net among its hyperparameters)")
+    try:
+        Version(contents["pytorch-lightning_version"])  # what Lightning's loading reads first
+    except (KeyError, TypeError, InvalidVersion):
+        raise ModelError(f"{path} has no valid pytorch-lightning_version: it was edited or is "
+                         f"damaged") from None
+
+
+def check_resumable(path: Path, contents: dict) -> None:
+    """A ModelError for a checkpoint of weights alone, which can be used but not trained on."""
+    missing = [key for key in ("optimizer_states", "lr_schedulers", "loops") if key not in contents]
+    if missing:
+        raise ModelError(f"{path} cannot resume training: it has no {', '.join(missing)} (weights "
+                         f"only?); test, predict or export it, or start a new run")
+
+
+def finished(path: str, contents: dict, max_epochs: int | None) -> str | None:
+    """What to say when a resumed run has nothing left to train (its checkpoint has all of
+    `max_epochs`); None when it has."""
+    done = contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"]
+    if max_epochs in (None, -1) or done < max_epochs:
+        return None
+    return (f"{path} finished its {done} epochs: nothing to train (a larger --trainer.max_epochs "
+            f"trains on; train.py test --ckpt_path {path} tests it again)")
+
+
+def model_spec(contents: dict) -> dict:
+    """The model as a checkpoint holds it, as LightningCLI's `--model` takes it:
+    {class_path, init_args}."""
+    hparams = dict(contents["hyper_parameters"])
+    class_path = hparams.pop("_class_path", "lit_models.ImageClassifier")
+    init_args = {key: value for key, value in hparams.items() if not key.startswith("_")}
+    return {"class_path": class_path, "init_args": init_args}
+
+
+def data_spec(contents: dict) -> dict | None:
+    """The data module a checkpoint was trained on, if the checkpoint says:
+    {class_path, init_args}."""
+    data = dict(contents.get("datamodule_hyper_parameters") or {})
+    if "_class_path" not in data:
+        return None
+    init_args = {key: value for key, value in data.items() if not key.startswith("_")}
+    return {"class_path": data["_class_path"], "init_args": init_args}
+
+
+def logger_in(config: Path, **where) -> str | None:
+    """The run's logger (in its config.yaml) as a --trainer.logger value that writes `where`
+    (save_dir, name, version); None for loggers that keep their runs elsewhere (MLflow's store)."""
+    spec = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("logger")
+    if not isinstance(spec, dict):  # the default one
+        spec = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
+    if not spec["class_path"].endswith(("TensorBoardLogger", "CSVLogger")):
+        return None
+    given = {key: str(value) for key, value in where.items() if value is not None}
+    init = {**(spec.get("init_args") or {}), **given}
+    return json.dumps({"class_path": spec["class_path"], "init_args": init})
+
+
+def log_dir(trainer) -> str | None:
+    """The run's folder, where a logger made one."""
+    if not trainer.loggers:
+        return None
+    return trainer.log_dir
+
+
+def claim_version(logger) -> None:
+    """A run's folder of its own: Lightning's loggers pick the next free version_N without a lock
+    (pytorch-lightning#11418), so the launch's first process picks and makes it under a lock of
+    the loggers' folder (Lightning gives the other processes its log_dir)."""
+    first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))
+    if not (first and isinstance(logger, (TensorBoardLogger, CSVLogger))):
+        return
+    Path(logger.root_dir).mkdir(parents=True, exist_ok=True)
+    folder = os.open(logger.root_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        Path(logger.log_dir).mkdir(parents=True, exist_ok=True)
+    finally:
+        os.close(folder)
+
+
+class SaveConfig(SaveConfigCallback):
+    """LightningCLI's config.yaml, in a run's folder: none without a logger (predict, export,
+    `--trainer.logger false`), where every run would share one. A resumed fit that goes on in its
+    own folder (a --ckpt_path, or SLURM's requeue, where Lightning resumes its own checkpoint)
+    saves its configuration beside the first, as config-resumed.yaml."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not trainer.loggers:
+            return
+        resumed = bool(self.config.get("ckpt_path")) or requeued()
+        if stage == "fit" and resumed and trainer.log_dir is not None:
+            if Path(trainer.log_dir, self.config_filename).is_file():
+                self.config_filename, self.overwrite = "config-resumed.yaml", True
+        super().setup(trainer, pl_module, stage)
+
+
+def requeued() -> bool:
+    """Whether this is a SLURM job that SLURM requeued (it then counts a restart)."""
+    return SLURMEnvironment.detect() and int(os.environ.get("SLURM_RESTART_COUNT", 0)) > 0

@@ -1,0 +1,235 @@
+"""sweep.py's worker processes: each runs trials of the study, one train.py configuration once
+per seed, until the study has what the sweep asked for or the sweep stops it."""
+
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import shlex
+import signal
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+import torch
+import yaml
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from lit_cli.errors import Stopped
+
+try:  # installed: this file is lit_image_classifiers/sweep_workers.py beside train.py
+    from . import train
+except ImportError:  # python sweep.py in a checkout
+    import train
+
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def suggest(trial: optuna.Trial, key: str, spec):
+    """The trial's value of one option: a choice of a list, an int of a range of ints (its low,
+    high and step), else a float."""
+    if isinstance(spec, list):
+        return trial.suggest_categorical(key, spec)
+    low, high, log = spec["low"], spec["high"], spec.get("log", False)
+    if all(isinstance(spec.get(k, 1), int) for k in ("low", "high", "step")):
+        return trial.suggest_int(key, low, high, step=spec.get("step", 1), log=log)
+    return trial.suggest_float(key, low, high, step=spec.get("step"), log=log)
+
+
+def trial_args(base: list[str], params: dict, seed: int) -> list[str]:
+    """train.py's command line of one setting and seed."""
+    options = [f"--{key}={value}" for key, value in params.items()]
+    return [*base, *options, f"--seed_everything={seed}"]
+
+
+def prunes(space: dict, grid: bool) -> bool:
+    """Whether the median pruner stops poor trials early: with a sampled space, not a grid."""
+    return bool(space) and not grid
+
+
+class Objective:
+    """Trains a trial's setting once per seed; its value is the mean of their val/acc_best."""
+
+    def __init__(self, base: list[str], space: dict, grid: bool, seeds: list[int], folder: Path,
+                 threads: str):
+        self.base, self.space, self.grid, self.seeds = base, space, grid, seeds
+        self.folder, self.threads = folder, threads
+        self.stop_asked, self.in_optuna = False, False
+
+    def on_sigterm(self, signum, frame) -> None:
+        """A worker's SIGTERM: noted, and a KeyboardInterrupt where no Trainer stops after its step
+        on it (one calls this too), unless inside Optuna's own steps: a trial that they leave
+        RUNNING without a heartbeat stays so."""
+        self.stop_asked = True
+        if not self.in_optuna and signal.getsignal(signal.SIGTERM) == self.on_sigterm:
+            raise KeyboardInterrupt
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        """The trial's value; where the sweep stops, the trial runs again when it goes on."""
+        self.in_optuna = False
+        try:
+            if self.stop_asked:  # while Optuna made this trial
+                raise KeyboardInterrupt
+            return self.run(trial)
+        except (Stopped, KeyboardInterrupt):
+            frozen = trial.study.get_trials(deepcopy=False)[trial.number]
+            RetryHeartbeatStaleTrialCallback()(trial.study, frozen)
+            # The sweep's last line says it, not a traceback.
+            optuna.logging.set_verbosity(optuna.logging.ERROR)
+            # Optuna ends optimize() on it, whatever it is told to catch.
+            raise KeyboardInterrupt from None
+        finally:
+            self.in_optuna = True
+
+    def run(self, trial: optuna.Trial) -> float:
+        """The mean val/acc_best of the trial's setting over the seeds."""
+        params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
+        values = [self.run_seed(trial, params, i, seed) for i, seed in enumerate(self.seeds)]
+        return sum(values) / len(values)
+
+    def run_seed(self, trial: optuna.Trial, params: dict, i: int, seed: int) -> float:
+        """The setting trained with the `i`th seed, noted in the trial; its val/acc_best."""
+        args = trial_args(self.base, params, seed)
+        command = f"{self.threads}python train.py {shlex.join(args)}"
+        trial.set_user_attr(f"command_seed_{seed}", command)
+        callbacks = []
+        # The first seed's curve decides; the others only average.
+        if i == 0 and prunes(self.space, self.grid):
+            from optuna_integration import PyTorchLightningPruningCallback
+
+            callbacks.append(PyTorchLightningPruningCallback(trial, monitor="val/acc"))
+        quiet = [f"--trainer.default_root_dir={self.run_dir(trial, seed)}",
+                 "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+        try:
+            record = train.TrainCLI(args + quiet, callbacks=callbacks).results
+        except SystemExit as e:  # Lightning's end of a KeyboardInterrupt (1)
+            raise KeyboardInterrupt from e
+        accuracy = record["val/acc_best"]
+        if accuracy is None:
+            accuracy = record["test/acc"]
+        trial.set_user_attr(f"test_acc_seed_{seed}", record["test/acc"])
+        trial.set_user_attr(f"log_dir_seed_{seed}", record["log_dir"])
+        if i == 0:  # in the study, for best.yaml on every machine: the run's folder is on this one
+            config = yaml.safe_load(Path(record["log_dir"], "config.yaml").read_text())
+            trial.set_user_attr("config", config)
+        setting = ", ".join(f"{k}={v}" for k, v in params.items()) or "as given"
+        print(f"trial {trial.number} ({setting}, seed {seed}): val/acc_best {accuracy:.4f} in "
+              f"{record['fit_seconds']:.1f} s", flush=True)
+        return accuracy
+
+    def run_dir(self, trial: optuna.Trial, seed: int) -> Path:
+        """The trial's folder, with a folder per seed where there are several."""
+        folder = self.folder / f"trial_{trial.number:04d}"
+        if len(self.seeds) > 1:
+            return folder / f"seed_{seed}"
+        return folder
+
+
+def open_study(name: str, store: RDBStorage, space: dict, grid: bool, seed: int) -> optuna.Study:
+    """The study (made if new), with this process's sampler and pruner: Optuna keeps neither in
+    the storage."""
+    if grid:
+        sampler = optuna.samplers.GridSampler(space, seed=seed)
+    else:
+        sampler = optuna.samplers.TPESampler(seed=seed)
+    pruner = None
+    if prunes(space, grid):
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=2)
+    return optuna.create_study(study_name=name, storage=store, direction="maximize",
+                               sampler=sampler, pruner=pruner, load_if_exists=True)
+
+
+def work(name: str, store: RDBStorage, objective: Objective, trials: int, threads: int,
+         seed: int) -> None:
+    """One process's share: trials until the study has `trials` complete or pruned ones (or the
+    grid is done), or until the sweep stops it."""
+    torch.set_num_threads(threads)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Heartbeats and retries: used knowingly.
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    study = open_study(name, store, objective.space, objective.grid, seed)
+    signal.signal(signal.SIGTERM, objective.on_sigterm)
+    with contextlib.suppress(KeyboardInterrupt):  # the sweep says so
+        # Blocked while this process started (see run_workers).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        # One trial per optimize() call, and only while there is work left: several processes on
+        # one study neither run more trials than asked nor (with a grid) a setting twice. Another
+        # process's running trial is waited for: it ends, or its heartbeat stops and it comes back
+        # as a waiting retry to run here.
+        while not objective.stop_asked:
+            objective.in_optuna = True
+            optuna.storages.fail_stale_trials(study)
+            if work_left(study, objective, trials):
+                study.optimize(objective, n_trials=1, catch=(Exception,))
+            elif study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                objective.in_optuna = False
+                time.sleep(store.get_heartbeat_interval())
+            else:
+                break
+
+
+def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
+    """A trial waiting (one to run again), a grid setting without a trial, or fewer finished or
+    running trials than asked."""
+    existing = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in existing):
+        return True
+    if objective.grid:
+        tried = [t.params for t in existing]
+        points = itertools.product(*objective.space.values())
+        return any(dict(zip(objective.space, point)) not in tried for point in points)
+    return sum(t.state in (*DONE, TrialState.RUNNING) for t in existing) < trials
+
+
+def worker_main(*args) -> None:
+    """A process running trials, in a session of its own: a Ctrl-C at the terminal reaches the
+    sweep alone, which passes each signal on once, as SIGTERM. Its sweep's end, even by SIGKILL,
+    stops it as a SIGTERM does."""
+    os.setsid()
+    parent = multiprocessing.parent_process()
+    threading.Thread(target=stop_after, args=(parent,), daemon=True).start()
+    work(*args)
+
+
+def stop_after(parent) -> None:
+    """A SIGTERM to this process once `parent` (its sweep) has ended."""
+    parent.join()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Stop:
+    """The sweep's SIGINT and SIGTERM handler: each worker stops after its step, and at once on a
+    second signal. `codes` holds each signal's exit code."""
+
+    def __init__(self):
+        self.workers, self.codes = [], []
+
+    def __call__(self, signum, frame) -> None:
+        self.codes.append(128 + signum)
+        for w in self.workers:
+            if len(self.codes) == 1:
+                w.terminate()
+            else:
+                w.kill()
+
+
+def run_workers(stop: Stop, shares: list[tuple]) -> None:
+    """A process per share (the arguments of `work`), started and waited for."""
+    # Blocked until `stop` knows every worker (each unblocks them).
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    # None where a signal came while the command lines were checked. Spawn, not fork: a fresh
+    # interpreter.
+    if not stop.codes:
+        spawn = multiprocessing.get_context("spawn")
+        stop.workers.extend(spawn.Process(target=worker_main, args=share) for share in shares)
+    for w in stop.workers:
+        w.start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    for w in stop.workers:
+        w.join()
