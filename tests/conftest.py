@@ -1,4 +1,5 @@
-"""Fixtures that write tiny data sets in the real on-disk formats, read back by the real torchvision classes.
+"""Fixtures that write tiny data sets in the real on-disk formats, read back by the real torchvision
+classes.
 
 The images are learnable: each class is a bright square at its own position over noise, so a few
 epochs of either network separate them, and a test can assert accuracy well above chance.
@@ -20,11 +21,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+CIFAR_CLASSES = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+]
 
 
 def class_images(n: int, channels: int, size: int, num_classes: int = 10, seed: int = 0):
-    """n uint8 images (n, size, size, channels) with labels: class k is a bright square at position k."""
+    """n uint8 images (n, size, size, channels) with labels: class k is a bright square at
+    position k."""
     rng = np.random.default_rng(seed)
     labels = np.arange(n) % num_classes
     rng.shuffle(labels)
@@ -32,7 +45,7 @@ def class_images(n: int, channels: int, size: int, num_classes: int = 10, seed: 
     cell = size // 4
     for i, k in enumerate(labels):
         r, c = divmod(int(k), 4)
-        images[i, r * cell:(r + 1) * cell, c * cell:(c + 1) * cell, :] = 230
+        images[i, r * cell : (r + 1) * cell, c * cell : (c + 1) * cell, :] = 230
     return images, labels.astype(np.int64)
 
 
@@ -44,22 +57,34 @@ def write_cifar10(root: Path, per_batch: int = 100, test: int = 200) -> Path:
     def dump(name, images, labels):
         rows = images.transpose(0, 3, 1, 2).reshape(len(images), -1)  # R, G, B planes per row
         with open(folder / name, "wb") as f:
-            pickle.dump({"batch_label": name, "labels": labels.tolist(), "data": rows,
-                         "filenames": [f"{name}_{i}.png" for i in range(len(images))]}, f)
+            pickle.dump(
+                {
+                    "batch_label": name,
+                    "labels": labels.tolist(),
+                    "data": rows,
+                    "filenames": [f"{name}_{i}.png" for i in range(len(images))],
+                },
+                f,
+            )
 
     images, labels = class_images(5 * per_batch + test, 3, 32)
     for b in range(5):
         part = slice(b * per_batch, (b + 1) * per_batch)
         dump(f"data_batch_{b + 1}", images[part], labels[part])
-    dump("test_batch", images[5 * per_batch:], labels[5 * per_batch:])
+    dump("test_batch", images[5 * per_batch :], labels[5 * per_batch :])
     with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, f)
+        pickle.dump(
+            {"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, f
+        )
     return root
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
-    """An IDX file as MNIST ships it: magic (0, 0, type 0x08 = uint8, ndim), big-endian dims, data."""
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    """An IDX file as MNIST ships it: magic (0, 0, type 0x08 = uint8, ndim), big-endian dims,
+    data."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape
+    )
     data = header + array.astype(np.uint8).tobytes()
     if compress:
         path = path.with_name(path.name + ".gz")
@@ -67,8 +92,9 @@ def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
     path.write_bytes(data)
 
 
-def write_mnist(root: Path, folder: str = "MNIST", train: int = 600, test: int = 200,
-                compress: bool = False) -> Path:
+def write_mnist(
+    root: Path, folder: str = "MNIST", train: int = 600, test: int = 200, compress: bool = False
+) -> Path:
     """MNIST's (and Fashion-MNIST's) IDX layout under root/<folder>/raw/."""
     raw = root / folder / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -103,7 +129,8 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-# --- running train.py as a user does ---------------------------------------------------------------------------
+# --- running train.py as a user does
+# ---------------------------------------------------------------------------
 
 TRAIN, SWEEP = str(ROOT / "train.py"), str(ROOT / "sweep.py")
 # Small and quick: no progress bar or model summary (the terminal tests keep the defaults).
@@ -116,7 +143,8 @@ def run_train(args: list[str], quiet: bool = True) -> int:
 
     import train
 
-    # Lightning's log handlers keep the stderr of the test that first imported it, closed since: this one's.
+    # Lightning's log handlers keep the stderr of the test that first imported it, closed since:
+    # this one's.
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         for handler in logging.getLogger(name).handlers:
             if isinstance(handler, logging.StreamHandler):
@@ -124,17 +152,30 @@ def run_train(args: list[str], quiet: bool = True) -> int:
     return train.main([*args, *(QUIET if quiet else [])])
 
 
-def run_process(args: list[str], cwd: Path, script: str = TRAIN, env: dict | None = None, timeout: int = 240,
-                quiet: bool = True) -> subprocess.CompletedProcess:
+def run_process(
+    args: list[str],
+    cwd: Path,
+    script: str = TRAIN,
+    env: dict | None = None,
+    timeout: int = 240,
+    quiet: bool = True,
+) -> subprocess.CompletedProcess:
     """`python train.py ARGS` (or sweep.py) in a fresh interpreter in `cwd`."""
-    return subprocess.run([sys.executable, script, *args, *(QUIET if quiet else [])], cwd=cwd, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, script, *args, *(QUIET if quiet else [])],
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+    )
 
 
-def run_in_terminal(args: list[str], cwd: Path, script: str = TRAIN, timeout: int = 240,
-                    env: dict | None = None) -> tuple[int, str]:
-    """`python train.py ARGS` with a pseudo-terminal (150 columns) as its stdout and stderr, as at a shell: progress
-    bars and all. The exit code and what the terminal received."""
+def run_in_terminal(
+    args: list[str], cwd: Path, script: str = TRAIN, timeout: int = 240, env: dict | None = None
+) -> tuple[int, str]:
+    """`python train.py ARGS` with a pseudo-terminal (150 columns) as its stdout and stderr, as
+    at a shell: progress bars and all. The exit code and what the terminal received."""
     import fcntl
     import pty
     import select
@@ -166,7 +207,9 @@ def run_in_terminal(args: list[str], cwd: Path, script: str = TRAIN, timeout: in
 
 def runs(cwd: Path) -> list[Path]:
     """The run directories under cwd/lightning_logs, oldest first."""
-    return sorted((cwd / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return sorted(
+        (cwd / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1])
+    )
 
 
 def results(run: Path) -> dict:
@@ -179,17 +222,33 @@ def scalars(run: Path) -> dict[str, list[float]]:
 
     events = EventAccumulator(str(run), size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)]
-            for tag in events.Tags()["scalars"]}
+    return {
+        tag: [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)]
+        for tag in events.Tags()["scalars"]
+    }
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One finished MLP run on MNIST IDX files, shared by a module's tests: its folder and run directory."""
+    """One finished MLP run on MNIST IDX files, shared by a module's tests: its folder and run
+    directory."""
     cwd = tmp_path_factory.mktemp("trained")
     data = write_mnist(cwd / "data")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(cwd)
-        assert run_train(["--model", "mlp", "--data.data_dir", str(data), "--trainer.max_epochs", "3",
-                          "--data.batch_size", "64"]) == 0
+        assert (
+            run_train(
+                [
+                    "--model",
+                    "mlp",
+                    "--data.data_dir",
+                    str(data),
+                    "--trainer.max_epochs",
+                    "3",
+                    "--data.batch_size",
+                    "64",
+                ]
+            )
+            == 0
+        )
     return SimpleNamespace(cwd=cwd, data=data, run=cwd / "lightning_logs" / "version_0")

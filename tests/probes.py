@@ -10,13 +10,22 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 
 class SignalAt(L.Callback):
-    """Sends this process a real signal after optimizer step `step` (or at the start of testing: -1, of a
-    validation: -2, of predicting: -3; at the end of training, after its last step and checkpoints: -4).
+    """Sends this process a real signal after optimizer step `step` (or at the start of testing:
+    -1, of a validation: -2, of predicting: -3; at the end of training, after its last step and
+    checkpoints: -4).
 
-    `rank`: only the process of that global rank sends it; `parent`: to its parent (a node's torchrun) instead."""
+    `rank`: only the process of that global rank sends it; `parent`: to its parent (a node's
+    torchrun) instead."""
 
-    def __init__(self, step: int, signal_name: str = "SIGTERM", rank: int | None = None, parent: bool = False):
-        self.step, self.signal, self.rank, self.parent = step, getattr(signal, signal_name), rank, parent
+    def __init__(
+        self, step: int, signal_name: str = "SIGTERM", rank: int | None = None, parent: bool = False
+    ):
+        self.step, self.signal, self.rank, self.parent = (
+            step,
+            getattr(signal, signal_name),
+            rank,
+            parent,
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
@@ -26,7 +35,9 @@ class SignalAt(L.Callback):
         if self.step == -1:
             os.kill(os.getpid(), self.signal)
 
-    def on_validation_start(self, trainer, pl_module):  # step -2: at the start of a validation, outside training
+    def on_validation_start(
+        self, trainer, pl_module
+    ):  # step -2: at the start of a validation, outside training
         if self.step == -2 and not trainer.sanity_checking:
             os.kill(os.getpid(), self.signal)
 
@@ -40,7 +51,8 @@ class SignalAt(L.Callback):
 
 
 class FullDisk(TorchCheckpointIO):
-    """A disk that fills up: writes `writes` checkpoints, then every write fails as a full disk does."""
+    """A disk that fills up: writes `writes` checkpoints, then every write fails as a full disk
+    does."""
 
     def __init__(self, writes: int = 2):
         super().__init__()
@@ -54,8 +66,9 @@ class FullDisk(TorchCheckpointIO):
 
 
 class SaveWeights(L.Callback):
-    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the working directory, and
-    the class name of the cluster environment Lightning chose: environment-rank<N>.txt."""
+    """Each process writes its model's weights when training ends: weights-rank<N>.pt in the
+    working directory, and the class name of the cluster environment Lightning chose:
+    environment-rank<N>.txt."""
 
     def on_train_end(self, trainer, pl_module):
         import torch
@@ -66,7 +79,8 @@ class SaveWeights(L.Callback):
 
 
 class MemoryGrowth(L.Callback):
-    """Writes memory.txt: the process's resident memory growth in MB from epoch `start` to the last epoch."""
+    """Writes memory.txt: the process's resident memory growth in MB from epoch `start` to the
+    last epoch."""
 
     def __init__(self, start: int = 20):
         self.start, self.first = start, None
@@ -86,7 +100,8 @@ class MemoryGrowth(L.Callback):
 
 
 class SlowTest(L.Callback):
-    """Testing starts `seconds` late, and the file `flag` says that it has begun: a signal can land while testing."""
+    """Testing starts `seconds` late, and the file `flag` says that it has begun: a signal can
+    land while testing."""
 
     def __init__(self, flag: str, seconds: float = 5):
         self.flag, self.seconds = flag, seconds

@@ -1,4 +1,5 @@
-"""`python train.py` as a user runs it: what a run writes, recipes and short names, configs that replay, extending."""
+"""`python train.py` as a user runs it: what a run writes, recipes and short names, configs that
+replay, extending."""
 
 import os
 import subprocess
@@ -23,7 +24,11 @@ def test_a_run_fits_tests_and_writes_its_directory(trained):
     assert record["global_step"] == 3 * (540 // 64) and len(record["train_epoch_seconds"]) == 3
     assert set(record["test/acc_per_class"]) == set(datamodules.MNISTDataModule.classes)
     best = run / "checkpoints" / f"epoch{record['checkpoint'].split('epoch')[1]}"
-    assert best.is_file() and (run / "checkpoints" / "last.ckpt").is_file() and record["checkpoint"] == str(best)
+    assert (
+        best.is_file()
+        and (run / "checkpoints" / "last.ckpt").is_file()
+        and record["checkpoint"] == str(best)
+    )
     logged = scalars(run)
     assert len(logged["train/loss_epoch"]) == len(logged["val/acc"]) == 3
     assert logged["test/acc"][0] == record["test/acc"]
@@ -32,7 +37,9 @@ def test_a_run_fits_tests_and_writes_its_directory(trained):
 
     events = EventAccumulator(str(run))
     events.Reload()
-    last_written = max(events.Scalars("hp_metric"), key=lambda e: e.wall_time)  # what the HParams tab shows
+    last_written = max(
+        events.Scalars("hp_metric"), key=lambda e: e.wall_time
+    )  # what the HParams tab shows
     assert last_written.value == pytest.approx(record["val/acc_best"])
     assert max(logged["val/acc"]) == pytest.approx(record["val/acc_best"])
     config = yaml.safe_load((run / "config.yaml").read_text())
@@ -50,12 +57,36 @@ def test_the_saved_config_runs_the_same_model_again(trained, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, data, first_layer", [
-    ("cnn", "cifar10", 400), ("mlp", "cifar10", 3072), ("cnn", "mnist", 256), ("mlp", "mnist", 784)])
-def test_any_model_runs_on_any_data(model, data, first_layer, mnist_dir, cifar10_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "model, data, first_layer",
+    [
+        ("cnn", "cifar10", 400),
+        ("mlp", "cifar10", 3072),
+        ("cnn", "mnist", 256),
+        ("mlp", "mnist", 784),
+    ],
+)
+def test_any_model_runs_on_any_data(
+    model, data, first_layer, mnist_dir, cifar10_dir, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    assert run_train(["--model", model, "--data", data, "--data.data_dir", str(mnist_dir), "--data.batch_size", "32",
-                      "--trainer.max_epochs", "1"]) == 0
+    assert (
+        run_train(
+            [
+                "--model",
+                model,
+                "--data",
+                data,
+                "--data.data_dir",
+                str(mnist_dir),
+                "--data.batch_size",
+                "32",
+                "--trainer.max_epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     checkpoint = torch.load(runs(tmp_path)[0] / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["state_dict"]["net.fc1.weight"].shape[1] == first_layer
 
@@ -64,21 +95,55 @@ def test_overrides_and_recipes(mnist_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_train(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"]["init_args"]["lr"] == 0.015 and printed["data"]["init_args"]["batch_size"] == 1536
-    assert run_train(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--model.lr", "0.003",
-                      "--model.optimizer", "SGD", "--model.scheduler", "null", "--data.batch_size", "50",
-                      "--trainer.max_epochs", "1", "--print_config"]) == 0
+    assert (
+        printed["model"]["init_args"]["lr"] == 0.015
+        and printed["data"]["init_args"]["batch_size"] == 1536
+    )
+    assert (
+        run_train(
+            [
+                "--model",
+                "mlp",
+                "--data.data_dir",
+                str(mnist_dir),
+                "--model.lr",
+                "0.003",
+                "--model.optimizer",
+                "SGD",
+                "--model.scheduler",
+                "null",
+                "--data.batch_size",
+                "50",
+                "--trainer.max_epochs",
+                "1",
+                "--print_config",
+            ]
+        )
+        == 0
+    )
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["init_args"]["optimizer"]["class_path"] == "torch.optim.SGD"
-    assert printed["model"]["init_args"]["scheduler"] is None and printed["model"]["init_args"]["lr"] == 0.003
-    assert run_train(["--data.data_dir", str(mnist_dir), "--print_config"]) == 0  # no recipe: the CNN's
+    assert (
+        printed["model"]["init_args"]["scheduler"] is None
+        and printed["model"]["init_args"]["lr"] == 0.003
+    )
+    assert (
+        run_train(["--data.data_dir", str(mnist_dir), "--print_config"]) == 0
+    )  # no recipe: the CNN's
     net = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]
     assert net["class_path"] == "lit_models.TutorialCNN"
 
 
-@pytest.mark.parametrize("config, batch, epochs, optimizer, lr, mean", [
-    ("tutorial_cnn", 4, 2, "SGD", 0.001, [0.5, 0.5, 0.5]), ("tutorial_mlp", 64, 10, "Adam", 0.001, [0.5])])
-def test_tutorial_configs_hold_the_tutorials_settings(config, batch, epochs, optimizer, lr, mean, capsys):
+@pytest.mark.parametrize(
+    "config, batch, epochs, optimizer, lr, mean",
+    [
+        ("tutorial_cnn", 4, 2, "SGD", 0.001, [0.5, 0.5, 0.5]),
+        ("tutorial_mlp", 64, 10, "Adam", 0.001, [0.5]),
+    ],
+)
+def test_tutorial_configs_hold_the_tutorials_settings(
+    config, batch, epochs, optimizer, lr, mean, capsys
+):
     assert run_train(["--model", config, "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     model, data = printed["model"]["init_args"], printed["data"]["init_args"]
@@ -88,18 +153,39 @@ def test_tutorial_configs_hold_the_tutorials_settings(config, batch, epochs, opt
     assert data["val_size"] == 0 and model["label_smoothing"] == 0
 
 
-def test_a_run_without_validation_trains_on_everything_and_tests_the_last_weights(mnist_dir, tmp_path, monkeypatch):
+def test_a_run_without_validation_trains_on_everything_and_tests_the_last_weights(
+    mnist_dir, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    assert run_train(["--model", "tutorial_mlp", "--data.data_dir", str(mnist_dir), "--trainer.max_epochs", "2"]) == 0
+    assert (
+        run_train(
+            [
+                "--model",
+                "tutorial_mlp",
+                "--data.data_dir",
+                str(mnist_dir),
+                "--trainer.max_epochs",
+                "2",
+            ]
+        )
+        == 0
+    )
     record = results(runs(tmp_path)[0])
     assert record["global_step"] == 2 * (600 // 64) and record["val/acc_best"] is None
     assert record["checkpoint"].endswith("last.ckpt")
     assert record["test/acc"] > 0.5
-    assert run_train(["test", "--ckpt_path", "best"]) == 0  # its last weights (no val/acc_best: -inf)
+    assert (
+        run_train(["test", "--ckpt_path", "best"]) == 0
+    )  # its last weights (no val/acc_best: -inf)
 
 
-@pytest.mark.parametrize("flag, value, names", [
-    ("--model", "no_such_recipe", command_line.recipes()), ("--data", "no_such_data", list(datamodules.DATA))])
+@pytest.mark.parametrize(
+    "flag, value, names",
+    [
+        ("--model", "no_such_recipe", command_line.recipes()),
+        ("--data", "no_such_data", list(datamodules.DATA)),
+    ],
+)
 def test_unknown_names_exit_2_and_list_what_is_registered(flag, value, names, capsys):
     assert run_train([flag, value]) == 2
     error = capsys.readouterr().err
@@ -110,12 +196,17 @@ def test_help_and_usage_name_what_is_registered(capsys):
     assert run_train(["--help"]) == 0
     out = capsys.readouterr().out
     usage = out.split("\n\n")[0]
-    assert all(name in usage for name in [*command_line.recipes(), *datamodules.DATA, *command_line.SUBCOMMANDS])
+    assert all(
+        name in usage
+        for name in [*command_line.recipes(), *datamodules.DATA, *command_line.SUBCOMMANDS]
+    )
     assert all(name in out for name in ("--trainer.max_epochs", "--seed_everything", "--ckpt_path"))
     assert run_train(["--model.help", "ImageClassifier"], quiet=False) == 0
     net = " ".join(capsys.readouterr().out.split("--model.net NET")[-1].split())
     assert "lit_models.networks.NETWORKS" in net and "import path" in net
-    assert run_train(["--model.net.help", "TutorialCNN"], quiet=False) == 0  # the network's own settings
+    assert (
+        run_train(["--model.net.help", "TutorialCNN"], quiet=False) == 0
+    )  # the network's own settings
     widths = capsys.readouterr().out
     assert all(f"--net.{name}" in widths for name in ("channels", "hidden")) and "[6, 16]" in widths
 
@@ -123,9 +214,21 @@ def test_help_and_usage_name_what_is_registered(capsys):
 @pytest.mark.slow
 def test_same_seed_same_numbers_and_a_random_seed_is_recorded(mnist_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # where Lightning's seed_everything(None) would look first
-    args = ["--model", "cnn", "--data", "mnist", "--data.data_dir", str(mnist_dir), "--data.batch_size", "32",
-            "--trainer.max_epochs", "1"]
+    monkeypatch.delenv(
+        "PL_GLOBAL_SEED", raising=False
+    )  # where Lightning's seed_everything(None) would look first
+    args = [
+        "--model",
+        "cnn",
+        "--data",
+        "mnist",
+        "--data.data_dir",
+        str(mnist_dir),
+        "--data.batch_size",
+        "32",
+        "--trainer.max_epochs",
+        "1",
+    ]
     for extra in ([], [], ["--seed_everything", "1"], ["--seed_everything", "true"]):
         assert run_train(args + extra) == 0
     first, same, other, chosen = (results(r) for r in runs(tmp_path))
@@ -138,7 +241,16 @@ def test_same_seed_same_numbers_and_a_random_seed_is_recorded(mnist_dir, tmp_pat
 @pytest.mark.slow
 def test_compile_trains_the_same_network(mnist_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = ["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "64", "--trainer.max_epochs", "1"]
+    args = [
+        "--model",
+        "mlp",
+        "--data.data_dir",
+        str(mnist_dir),
+        "--data.batch_size",
+        "64",
+        "--trainer.max_epochs",
+        "1",
+    ]
     assert run_train(args) == 0
     assert run_train(args + ["--model.compile", "true"]) == 0
     plain, compiled = (results(r) for r in runs(tmp_path))
@@ -147,14 +259,26 @@ def test_compile_trains_the_same_network(mnist_dir, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_default_progress_bar_in_a_terminal(mnist_dir, tmp_path):
-    code, output = run_in_terminal(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "64",
-                                    "--trainer.max_epochs", "2"], cwd=tmp_path)
+    code, output = run_in_terminal(
+        [
+            "--model",
+            "mlp",
+            "--data.data_dir",
+            str(mnist_dir),
+            "--data.batch_size",
+            "64",
+            "--trainer.max_epochs",
+            "2",
+        ],
+        cwd=tmp_path,
+    )
     assert code == 0, output[-2000:]
     assert "Epoch 1" in output and "val/acc" in output and "mlp on mnist: test/acc" in output
     assert "Traceback" not in output and "Warning" not in output.replace("PossibleUserWarning", "")
 
 
-# --- extending: a network and a data set of one's own, from their own module ------------------------------------
+# --- extending: a network and a data set of one's own, from their own module
+# ------------------------------------
 
 EXTENSION = '''
 import torch
@@ -164,11 +288,13 @@ from datamodules import ImageDataModule
 
 
 class TinyNet(nn.Sequential):
-    """A network of one's own: any nn.Module taking (image_shape, num_classes), then its own settings."""
+    """A network of one's own: any nn.Module taking (image_shape, num_classes), then its own
+    settings."""
 
     def __init__(self, image_shape, num_classes, hidden: int = 4):
         c, h, w = image_shape
-        super().__init__(nn.Flatten(), nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        layers = [nn.Linear(c * h * w, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)]
+        super().__init__(nn.Flatten(), *layers)
 
 
 class Stripes(ImageDataModule):
@@ -191,16 +317,33 @@ class Stripes(ImageDataModule):
 @pytest.mark.slow
 def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_path):
     (tmp_path / "mine.py").write_text(textwrap.dedent(EXTENSION))
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({
-        "model": {"class_path": "lit_models.ImageClassifier",
-                  "init_args": {"net": {"class_path": "mine.TinyNet", "init_args": {"hidden": 16}}, "lr": 0.05}},
-        "data": {"class_path": "mine.Stripes", "init_args": {"batch_size": 32}}, "trainer": {"max_epochs": 2}}))
-    proc = run_process(["--config", "tiny.yaml"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    (tmp_path / "tiny.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "class_path": "lit_models.ImageClassifier",
+                    "init_args": {
+                        "net": {"class_path": "mine.TinyNet", "init_args": {"hidden": 16}},
+                        "lr": 0.05,
+                    },
+                },
+                "data": {"class_path": "mine.Stripes", "init_args": {"batch_size": 32}},
+                "trainer": {"max_epochs": 2},
+            }
+        )
+    )
+    proc = run_process(
+        ["--config", "tiny.yaml"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = results(runs(tmp_path)[0])
-    assert record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "TinyNet"
+    assert (
+        record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "TinyNet"
+    )
     assert set(record["test/acc_per_class"]) == {"horizontal", "vertical"}
-    proc = run_process(["test", "--ckpt_path", "best"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    proc = run_process(
+        ["test", "--ckpt_path", "best"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    )
     assert proc.returncode == 0 and "test/acc 1.0000" in proc.stdout
 
 
@@ -215,8 +358,12 @@ def test_the_registries_hold_the_built_in_names():  # and more once a user adds 
 def test_quick_recipes_train_on_every_image_and_test_the_last_weights(recipe, arch, epochs, capsys):
     assert run_train(["--model", recipe, "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["data"]["init_args"]["val_size"] == 0 and printed["trainer"]["max_epochs"] == epochs
-    assert printed["model"]["init_args"]["net"]["class_path"] == f"lit_models.Tutorial{arch.upper()}"
+    assert (
+        printed["data"]["init_args"]["val_size"] == 0 and printed["trainer"]["max_epochs"] == epochs
+    )
+    assert (
+        printed["model"]["init_args"]["net"]["class_path"] == f"lit_models.Tutorial{arch.upper()}"
+    )
     assert not any("ModelCheckpoint" in c["class_path"] for c in printed["trainer"]["callbacks"])
 
 
@@ -235,8 +382,17 @@ def test_flip_test_averages_an_image_and_its_mirror(trained):
 
 def test_ema_from_the_command_line_averages_every_step(trained, monkeypatch):
     monkeypatch.chdir(trained.cwd)
-    assert run_train(["--config", str(trained.run / "config.yaml"), "--trainer.callbacks+=EMA",
-                      "--trainer.callbacks.decay=0.9"]) == 0
+    assert (
+        run_train(
+            [
+                "--config",
+                str(trained.run / "config.yaml"),
+                "--trainer.callbacks+=EMA",
+                "--trainer.callbacks.decay=0.9",
+            ]
+        )
+        == 0
+    )
     run = max(runs(trained.cwd), key=lambda r: r.stat().st_mtime)
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert int(checkpoint["averaging_state"]["n_averaged"]) == checkpoint["global_step"] == 24
@@ -247,14 +403,36 @@ def test_ema_from_the_command_line_averages_every_step(trained, monkeypatch):
 @pytest.mark.slow
 def test_an_installed_copy_finds_its_recipes_and_has_its_commands(tmp_path):
     target = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                              "--target", str(target), str(ROOT)], capture_output=True, text=True, cwd=tmp_path)
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert install.returncode == 0, install.stderr[-2000:]
     assert (target / "bin" / "lit-train").is_file() and (target / "bin" / "lit-sweep").is_file()
-    code = ("import sys, lit_image_classifiers.train as t; print(t.__file__); "
-            "sys.exit(t.main(['--model', 'quick_mlp', '--print_config']))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(target)})
+    code = (
+        "import sys, lit_image_classifiers.train as t; print(t.__file__); "
+        "sys.exit(t.main(['--model', 'quick_mlp', '--print_config']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(str(target)) and "quick" not in proc.stdout.split("\n", 1)[0]
     assert yaml.safe_load(proc.stdout.split("\n", 1)[1])["data"]["init_args"]["val_size"] == 0

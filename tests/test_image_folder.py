@@ -1,4 +1,5 @@
-"""`--data image_folder`: folders of image files written here, read through the real module, decoder and CLI."""
+"""`--data image_folder`: folders of image files written here, read through the real module, decoder
+and CLI."""
 
 import os
 import struct
@@ -15,7 +16,12 @@ from datamodules import DataError, ImageFolderDataModule, image_folder
 from datamodules.base import DeviceBatches, DiskImages
 from datamodules.images import ImageFiles, decode
 
-CLASSES = ["zebra", "ant", "moth", "cat"]  # written in this order; numbered sorted, as ImageFolder does
+CLASSES = [
+    "zebra",
+    "ant",
+    "moth",
+    "cat",
+]  # written in this order; numbered sorted, as ImageFolder does
 
 
 def write_folder(root, splits=None, channels=3, size=16, ext="png", seed=0):
@@ -25,7 +31,9 @@ def write_folder(root, splits=None, channels=3, size=16, ext="png", seed=0):
         for j, (image, label) in enumerate(zip(images, labels)):
             folder = root / split / CLASSES[label]
             folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(image[..., 0] if channels == 1 else image).save(folder / f"{j:04d}.{ext}")
+            Image.fromarray(image[..., 0] if channels == 1 else image).save(
+                folder / f"{j:04d}.{ext}"
+            )
     return root
 
 
@@ -46,7 +54,9 @@ def test_reads_a_png_folder_as_torchvision_imagefolder_does(png_dir, tmp_path):
     dm = ready(png_dir, tmp_path)
     reference = ImageFolder(str(png_dir / "test"))
     assert dm.classes == reference.classes == sorted(CLASSES)
-    pixels = torch.from_numpy(np.stack([np.asarray(Image.open(p).convert("RGB")) for p, _ in reference.samples]))
+    pixels = torch.from_numpy(
+        np.stack([np.asarray(Image.open(p).convert("RGB")) for p, _ in reference.samples])
+    )
     assert torch.equal(dm.splits["test"][0], pixels.permute(0, 3, 1, 2))
     assert dm.splits["test"][1].tolist() == reference.targets
     assert dm.image_shape == (3, 16, 16) and len(dm.splits["val"][0]) == 16  # a tenth of 160
@@ -73,11 +83,15 @@ def test_a_val_folder_is_the_validation_set(tmp_path):
     assert len(dm.splits["train"][0]) == 80 and len(dm.splits["val"][0]) == 20
 
 
-def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(png_dir, tmp_path, monkeypatch):
+def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(
+    png_dir, tmp_path, monkeypatch
+):
     first = ready(png_dir, tmp_path)
     cache = tmp_path / "data" / "cache"
     (train,) = cache.glob("image_folder-images-*-train-*.npy")
-    assert torch.equal(torch.from_numpy(np.load(train)), first.read("train")[0])  # numpy's own format
+    assert torch.equal(
+        torch.from_numpy(np.load(train)), first.read("train")[0]
+    )  # numpy's own format
     assert not list(png_dir.rglob("*.npy"))  # the folder itself is left alone
     decoded = []
     real = image_folder.decode_files
@@ -88,30 +102,47 @@ def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(png_d
     third = ready(png_dir, tmp_path)
     assert len(decoded) == 1 and not torch.equal(third.splits["test"][0], first.splits["test"][0])
     assert len(list(cache.glob("*-test-*.npy"))) == 1  # the one of the files as they were is gone
-    with open(train, "r+b") as file:  # as a run killed while writing would have left it, were it not renamed
+    with open(
+        train, "r+b"
+    ) as file:  # as a run killed while writing would have left it, were it not renamed
         file.truncate(train.stat().st_size - 100)
-    assert torch.equal(ready(png_dir, tmp_path).read("train")[0], first.read("train")[0]) and len(decoded) == 2
-    assert sorted(p.name for p in cache.iterdir()) == sorted(p.name for p in cache.glob("*.npy"))  # no temporary
+    assert (
+        torch.equal(ready(png_dir, tmp_path).read("train")[0], first.read("train")[0])
+        and len(decoded) == 2
+    )
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        p.name for p in cache.glob("*.npy")
+    )  # no temporary
 
 
 @pytest.mark.parametrize("channels", [3, 1])
 def test_batches_from_disk_are_those_from_memory_and_resume_exactly(channels, tmp_path):
     write_folder(tmp_path / "f", channels=channels)
     options = {"crop_padding": 2, "flip": True, "batch_size": 16, "eval_batch_size": 7}
-    memory, disk = (ready(tmp_path / "f", tmp_path, in_memory=where, **options) for where in (True, False))
-    assert isinstance(disk.read("train")[0], DiskImages) and not isinstance(memory.read("train")[0], DiskImages)
+    memory, disk = (
+        ready(tmp_path / "f", tmp_path, in_memory=where, **options) for where in (True, False)
+    )
+    assert isinstance(disk.read("train")[0], DiskImages) and not isinstance(
+        memory.read("train")[0], DiskImages
+    )
     assert disk.image_shape == memory.image_shape == (channels, 16, 16) and disk.std == memory.std
 
     def same(a, b):
-        return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q))
+        return len(a) == len(b) and all(
+            torch.equal(x, y) for p, q in zip(a, b) for x, y in zip(p, q)
+        )
 
     whole = list(memory.train_dataloader())
     assert same(list(disk.train_dataloader()), whole)
     assert same(list(disk.val_dataloader()), list(memory.val_dataloader()))
     assert same(list(disk.test_dataloader()), list(memory.test_dataloader()))
     for rank in (0, 1):  # DDP: each rank's share
-        shards = [DeviceBatches(*dm.splits["train"], 16, train=True, flip=True, seed=3, rank=rank, world_size=2)
-                  for dm in (memory, disk)]
+        shards = [
+            DeviceBatches(
+                *dm.splits["train"], 16, train=True, flip=True, seed=3, rank=rank, world_size=2
+            )
+            for dm in (memory, disk)
+        ]
         assert same(*map(list, shards))
     stopped = iter(disk.train_dataloader())
     next(stopped), next(stopped), next(stopped)
@@ -127,12 +158,21 @@ def test_unwritable_cache_is_a_warning_not_an_error(png_dir, tmp_path):
         assert ready(png_dir, tmp_path).image_shape == (3, 16, 16)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda root: (root / "train" / "cat" / "0001.png").write_bytes(b"not a png"), r"cannot read the image .*0001.png"),
-    (lambda root: __import__("shutil").rmtree(root / "test"), r"there is no folder .*test"),
-    (lambda root: (root / "test" / "dog").mkdir(), r"test must have the same class folders"),
-    (lambda root: [p.unlink() for p in (root / "train" / "ant").iterdir()], r"class folder .*ant has no images"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda root: (root / "train" / "cat" / "0001.png").write_bytes(b"not a png"),
+            r"cannot read the image .*0001.png",
+        ),
+        (lambda root: __import__("shutil").rmtree(root / "test"), r"there is no folder .*test"),
+        (lambda root: (root / "test" / "dog").mkdir(), r"test must have the same class folders"),
+        (
+            lambda root: [p.unlink() for p in (root / "train" / "ant").iterdir()],
+            r"class folder .*ant has no images",
+        ),
+    ],
+)
 def test_bad_folders_fail_with_a_clear_message(damage, message, png_dir, tmp_path):
     damage(png_dir)
     with pytest.raises(DataError, match=message):
@@ -141,7 +181,9 @@ def test_bad_folders_fail_with_a_clear_message(damage, message, png_dir, tmp_pat
 
 @pytest.mark.slow
 def test_worker_processes_decode_the_same_pixels(tmp_path):
-    write_folder(tmp_path / "many", {"train": 600, "test": 20})  # more than one batch of 256: worker processes
+    write_folder(
+        tmp_path / "many", {"train": 600, "test": 20}
+    )  # more than one batch of 256: worker processes
     dm = ready(tmp_path / "many", tmp_path)
     files, labels = dm.files("train")
     alone = torch.stack([ImageFiles(files, 3, None)[i][0] for i in range(len(files))])
@@ -150,8 +192,9 @@ def test_worker_processes_decode_the_same_pixels(tmp_path):
 
 @pytest.mark.slow
 def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
-    """3.2 GB of decoded images (10,500 JPEGs of 320x320, a few distinct files' bytes written again and again, as
-    decoding costs the same) train with `--data.in_memory false` in a process whose peak RSS stays under half."""
+    """3.2 GB of decoded images (10,500 JPEGs of 320x320, a few distinct files' bytes written
+    again and again, as decoding costs the same) train with `--data.in_memory false` in a process
+    whose peak RSS stays under half."""
     import io
     import shutil
     import subprocess
@@ -171,46 +214,94 @@ def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
                 for i in range(count):
                     (root / split / name / f"{i:05d}.jpg").write_bytes(jpeg.getvalue())
         decoded = (n + 4 * 16) * 3 * size * size
-        args = ["--model", "quick_cnn", "--model.net.channels", "[6, 16, 16]", "--data", "image_folder",
-                "--data.root", str(root), "--data.data_dir", str(tmp_path / "data"), "--data.in_memory", "false",
-                "--data.batch_size", "8", "--data.eval_batch_size", "8", "--trainer.limit_train_batches", "20",
-                "--trainer.limit_test_batches", "2", *QUIET]
+        args = [
+            "--model",
+            "quick_cnn",
+            "--model.net.channels",
+            "[6, 16, 16]",
+            "--data",
+            "image_folder",
+            "--data.root",
+            str(root),
+            "--data.data_dir",
+            str(tmp_path / "data"),
+            "--data.in_memory",
+            "false",
+            "--data.batch_size",
+            "8",
+            "--data.eval_batch_size",
+            "8",
+            "--trainer.limit_train_batches",
+            "20",
+            "--trainer.limit_test_batches",
+            "2",
+            *QUIET,
+        ]
         with open(tmp_path / "output.txt", "wb") as output:
-            process = subprocess.Popen([sys.executable, TRAIN, *args], cwd=tmp_path, stdout=output,
-                                       stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            process = subprocess.Popen(
+                [sys.executable, TRAIN, *args],
+                cwd=tmp_path,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
         timer = threading.Timer(400, process.kill)
         timer.start()
-        _, status, usage = os.wait4(process.pid, 0)  # Popen.wait would not give this process's own peak
+        _, status, usage = os.wait4(
+            process.pid, 0
+        )  # Popen.wait would not give this process's own peak
         timer.cancel()
         assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "output.txt").read_text()[-3000:]
         (cache,) = (tmp_path / "data" / "cache").glob("*-train-*.npy")
-        assert np.load(cache, mmap_mode="r").shape == (n, 3, size, size)  # the whole folder, decoded once
+        assert np.load(cache, mmap_mode="r").shape == (
+            n,
+            3,
+            size,
+            size,
+        )  # the whole folder, decoded once
         assert results(runs(tmp_path)[0])["test/acc"] is not None
-        peak = usage.ru_maxrss * 1024  # kB on Linux: of the process and the decoding workers it waited for
-        assert peak < decoded / 2, f"peak RSS {peak / 1e9:.2f} GB for {decoded / 1e9:.2f} GB of images"
+        peak = (
+            usage.ru_maxrss * 1024
+        )  # kB on Linux: of the process and the decoding workers it waited for
+        assert peak < decoded / 2, (
+            f"peak RSS {peak / 1e9:.2f} GB for {decoded / 1e9:.2f} GB of images"
+        )
     finally:
-        shutil.rmtree(tmp_path, ignore_errors=True)  # not kept as pytest keeps its last runs: it is gigabytes
+        shutil.rmtree(
+            tmp_path, ignore_errors=True
+        )  # not kept as pytest keeps its last runs: it is gigabytes
 
 
 def test_a_link_loop_and_links_to_other_classes_add_nothing(png_dir, tmp_path):
     plain = ready(png_dir, tmp_path).files("train")[1]
-    (png_dir / "train" / "cat" / "up").symlink_to("..")  # a loop: os.walk(followlinks=True) reads cat again and again
+    (png_dir / "train" / "cat" / "up").symlink_to(
+        ".."
+    )  # a loop: os.walk(followlinks=True) reads cat again and again
     (png_dir / "train" / "moth" / "all").symlink_to(png_dir)  # the root, absolute
-    (png_dir / "train" / "ant" / "cats").symlink_to(png_dir / "train" / "cat")  # another class's images
-    (png_dir / "test" / "ant" / "seen").symlink_to(png_dir / "train" / "ant" / "0000.png")  # another split's
+    (png_dir / "train" / "ant" / "cats").symlink_to(
+        png_dir / "train" / "cat"
+    )  # another class's images
+    (png_dir / "test" / "ant" / "seen").symlink_to(
+        png_dir / "train" / "ant" / "0000.png"
+    )  # another split's
     outside = tmp_path / "outside"
     outside.mkdir()
     Image.new("RGB", (16, 16)).save(outside / "new.png")
-    (png_dir / "train" / "zebra" / "more").symlink_to(outside)  # images kept elsewhere: these are read
+    (png_dir / "train" / "zebra" / "more").symlink_to(
+        outside
+    )  # images kept elsewhere: these are read
     dm = ImageFolderDataModule(root=str(png_dir), data_dir=str(tmp_path / "data"))
     files, labels = dm.files("train")
     zebra = sorted(CLASSES).index("zebra")
-    assert np.bincount(labels).tolist() == [n + (i == zebra) for i, n in enumerate(np.bincount(plain))]
+    assert np.bincount(labels).tolist() == [
+        n + (i == zebra) for i, n in enumerate(np.bincount(plain))
+    ]
     assert len(set(map(os.path.realpath, files))) == len(files) == 161
     assert len(dm.files("test")[0]) == 40
 
 
-# --- every kind of image file becomes its 8-bit pixels, in training, predict and classify alike ----------------
+# --- every kind of image file becomes its 8-bit pixels, in training, predict and classify alike
+# ----------------
 
 RNG = np.random.default_rng(7)
 WORDS = RNG.integers(0, 65536, (8, 8), dtype=np.uint16)
@@ -221,20 +312,31 @@ def png_16bit_rgb(path, words):
     rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in words)
 
     def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
 
     header = struct.pack(">IIBBBBB", words.shape[1], words.shape[0], 16, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 def pgm(path, values, maxval):
-    path.write_bytes(f"P5\n{values.shape[1]} {values.shape[0]}\n{maxval}\n".encode() + values.astype(">u2").tobytes())
+    path.write_bytes(
+        f"P5\n{values.shape[1]} {values.shape[0]}\n{maxval}\n".encode()
+        + values.astype(">u2").tobytes()
+    )
 
 
 def transparent_glyph(path):
     rgba = np.zeros((8, 8, 4), dtype=np.uint8)
-    rgba[2:6, 2:6, 3] = 255  # a black square on a transparent ground: dropping alpha would make it all black
+    rgba[2:6, 2:6, 3] = (
+        255  # a black square on a transparent ground: dropping alpha would make it all black
+    )
     Image.fromarray(rgba, "RGBA").save(path)
     expected = np.full((8, 8, 3), 255)
     expected[2:6, 2:6] = 0
@@ -263,12 +365,22 @@ KINDS = {
     "16bit.pgm": (1, lambda p: pgm(p, WORDS, 65535) or WORDS >> 8),
     "int32.tif": (1, lambda p: Image.fromarray(WORDS.astype(np.int32) << 15).save(p) or WORDS >> 8),
     "float.tif": (1, float_tiff),
-    "rgb16.png": (3, lambda p: png_16bit_rgb(p, np.stack([WORDS, WORDS.T, 65535 - WORDS], -1))
-                  or np.stack([WORDS, WORDS.T, 65535 - WORDS], -1) >> 8),
+    "rgb16.png": (
+        3,
+        lambda p: (
+            png_16bit_rgb(p, np.stack([WORDS, WORDS.T, 65535 - WORDS], -1))
+            or np.stack([WORDS, WORDS.T, 65535 - WORDS], -1) >> 8
+        ),
+    ),
     "glyph.png": (3, transparent_glyph),
     "palette.png": (3, palette_transparency),
-    "cmyk.jpg": (3, lambda p: Image.new("CMYK", (8, 8), (0, 255, 0, 0)).save(p, quality=100)
-                 or np.broadcast_to(np.array([255, 0, 255]), (8, 8, 3))),
+    "cmyk.jpg": (
+        3,
+        lambda p: (
+            Image.new("CMYK", (8, 8), (0, 255, 0, 0)).save(p, quality=100)
+            or np.broadcast_to(np.array([255, 0, 255]), (8, 8, 3))
+        ),
+    ),
 }
 
 
@@ -278,7 +390,9 @@ def test_every_kind_of_image_file_decodes_to_its_8bit_pixels(kind, tmp_path):
     expected = write(path := tmp_path / kind)
     with Image.open(path) as image:
         pixels = np.asarray(decode(image, channels)).astype(int).reshape(8, 8, channels)
-    assert np.abs(pixels - np.asarray(expected).reshape(8, 8, channels)).max() <= (2 if kind.endswith("jpg") else 0)
+    assert np.abs(pixels - np.asarray(expected).reshape(8, 8, channels)).max() <= (
+        2 if kind.endswith("jpg") else 0
+    )
     image, error = ImageFiles([path], channels, (8, 8))[0]  # what predict reads files with
     assert error == "" and np.array_equal(image.permute(1, 2, 0).numpy(), pixels)
 
@@ -286,8 +400,23 @@ def test_every_kind_of_image_file_decodes_to_its_8bit_pixels(kind, tmp_path):
 @pytest.mark.slow
 def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert run_train(["--model", "cnn", "--data", "image_folder", "--data.root", str(png_dir), "--data.batch_size",
-                      "16", "--trainer.max_epochs", "2"]) == 0
+    assert (
+        run_train(
+            [
+                "--model",
+                "cnn",
+                "--data",
+                "image_folder",
+                "--data.root",
+                str(png_dir),
+                "--data.batch_size",
+                "16",
+                "--trainer.max_epochs",
+                "2",
+            ]
+        )
+        == 0
+    )
     record = results(runs(tmp_path)[0])
     assert record["data"] == "image_folder" and record["test/acc"] is not None
     assert list(record["test/acc_per_class"]) == sorted(CLASSES)
