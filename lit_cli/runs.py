@@ -19,6 +19,7 @@ from lit_cli.defaults import USE_CALLBACKS
 from lit_cli.errors import UsageError
 from lit_common.files import remove_leftovers
 from lit_models import ModelError
+from lit_models.parts import network_name
 
 # How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
 # logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials lie deeper, and are not taken.
@@ -69,7 +70,7 @@ def replay(subcommand: str, spec: str, args: list[str],
         base += use_settings(subcommand, path, config, logger_given)
         model = model_spec(contents)
         base.append(f"--model={json.dumps(model)}")
-        net = model["init_args"]["net"]["class_path"].rpartition(".")[2]
+        net = network_name(None, model["init_args"]["net"])
         rank_zero_only(print)(f"Using {path} ({net}, epoch {contents.get('epoch')}, "
                               f"step {contents.get('global_step')})")
     return base, [*args, "--ckpt_path", str(path)]

@@ -14,6 +14,7 @@ come from the data module. NETWORKS holds the short names (`--model.net mlp`).
 """
 
 import importlib
+import inspect
 from collections import OrderedDict
 from typing import Union
 
@@ -91,8 +92,8 @@ def import_class(path: str) -> type:
 
 
 def network_class(name: str) -> type[nn.Module]:
-    """The network class `name` names: a key of NETWORKS, or an import path
-    `package.module.Class`."""
+    """The network class `name` names: a key of NETWORKS, or an import path of an nn.Module class
+    or of a function that builds one (torchvision's `torchvision.models.resnet18`)."""
     if name in NETWORKS:
         return NETWORKS[name]
     cls = None
@@ -101,7 +102,8 @@ def network_class(name: str) -> type[nn.Module]:
             cls = import_class(name)
         except (ImportError, AttributeError, ValueError):
             pass
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+    is_module_class = isinstance(cls, type) and issubclass(cls, nn.Module)
+    if not (is_module_class or inspect.isfunction(cls)):
         raise ValueError(f"--model.net {name!r} is not a network: use one of "
                          f"{', '.join(NETWORKS)}, or the import path of an nn.Module class taking "
                          f"(image_shape, num_classes)")

@@ -3,7 +3,7 @@ that data stands for: how a checkpoint rebuilds the same network, optimizer and 
 
 import functools
 import inspect
-from typing import Callable
+from typing import Callable, Union
 
 import torch
 
@@ -12,28 +12,36 @@ from lit_models.networks import NETWORKS, import_class, network_class
 
 # A network class, or a partial of one, that takes (image_shape, num_classes) and builds the
 # network: what LightningCLI makes of `--model.net CLASS --model.net.ARG VALUE`, as it makes
-# optimizers of `--model.optimizer`.
-NetworkCallable = Callable[[tuple[int, int, int], int], torch.nn.Module]
+# optimizers of `--model.optimizer` (the first arguments are the call's, not options). Or one
+# that takes `num_classes` alone, as torchvision's builders and most nn.Module classes do.
+NetworkCallable = Union[Callable[[tuple[int, int, int], int], torch.nn.Module],
+                        Callable[[int], torch.nn.Module]]
 
 
 def as_spec(part):
     """A part of the model (network, optimizer, schedule) as a checkpoint keeps it: `{class_path,
     init_args}`, plain data that loads with torch's weights_only=True. A name, a class or a
-    `functools.partial` of a class; anything else (LightningCLI's own partials, whose configuration
-    LightningCLI records itself) as it is."""
+    `functools.partial` of a class or of a module's function (torchvision's model builders);
+    anything else (LightningCLI's own partials, whose configuration LightningCLI records itself) as
+    it is."""
     if isinstance(part, str):
         try:
             part = network_class(part)
         except ValueError as e:
             raise ModelError(str(e)) from None
-    if isinstance(part, type):
+    if importable(part):
         part = functools.partial(part)
-    class_partial = isinstance(part, functools.partial) and isinstance(part.func, type)
-    if class_partial and not part.args:
-        cls = part.func
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}",
+    if isinstance(part, functools.partial) and importable(part.func) and not part.args:
+        function = part.func
+        return {"class_path": f"{function.__module__}.{function.__qualname__}",
                 "init_args": dict(part.keywords)}
     return part
+
+
+def importable(part) -> bool:
+    """Whether `part` is a class or a function that its import path names again."""
+    named = isinstance(part, type) or inspect.isfunction(part)
+    return named and "<locals>" not in part.__qualname__
 
 
 def as_factory(part):
@@ -53,8 +61,10 @@ def network_name(net, spec) -> str:
     """The short name (NETWORKS) of the network `net`, or its class name; before it is built, the
     name of the class its spec `spec` (`{class_path, init_args}`) names."""
     if net is None:
-        class_path = str((spec or {}).get("class_path", ""))
-        return class_path.rpartition(".")[2] or "network"
+        class_path = spec  # as given: an import path, or {class_path, init_args}
+        if isinstance(spec, dict):
+            class_path = spec.get("class_path", "")
+        return str(class_path or "").rpartition(".")[2] or "network"
     names = {cls: name for name, cls in NETWORKS.items()}
     return names.get(type(net), type(net).__name__)
 
@@ -64,16 +74,73 @@ def build_network(factory: NetworkCallable, spec, image_shape,
     """The network `factory` (of the spec `spec`) builds for `image_shape` images of `num_classes`
     classes; a ModelError if it cannot."""
     shape = tuple(image_shape)
+    name = network_name(None, spec)
     try:
-        net = factory(shape, num_classes)
+        args, kwargs = arguments(named(factory, spec), shape, num_classes)
+        net = factory(*args, **kwargs)
     except (ValueError, TypeError) as e:
         # What a network says about the shape or arguments it was given.
-        name = network_name(None, spec)
         raise ModelError(f"the network {name} cannot be built for {shape} images of "
                          f"{num_classes} classes: {e}") from None
     if not isinstance(net, torch.nn.Module):
         raise ModelError(f"--model.net built a {type(net).__name__}, not an nn.Module")
+    try_on(net, name, shape, num_classes)
     return net
+
+
+def named(factory, spec):
+    """The class or function a network's callable builds with: the one its spec names, or the one
+    inside a partial (LightningCLI's partials, made by jsonargparse, hide its signature: the class
+    is the last of their arguments), else the callable itself."""
+    for part in (spec, factory):
+        if isinstance(part, dict):
+            part = part.get("class_path")
+        if isinstance(part, str):
+            try:
+                return import_class(part)
+            except (ImportError, AttributeError, ValueError):
+                continue
+        if isinstance(part, functools.partial):
+            inner = [p for p in (part.func, *part.args) if isinstance(p, type)]
+            return (inner or [part.func])[-1]
+    return factory
+
+
+def arguments(factory, shape: tuple[int, int, int], num_classes: int) -> tuple[tuple, dict]:
+    """What a network callable is called with: `(image_shape, num_classes)`, as this project's
+    networks take them; `num_classes=` alone where it takes no image shape, as torchvision's
+    builders (whose `weights` default is None: nothing is downloaded) and most nn.Module classes."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a callable without a signature: the project's convention
+        return (shape, num_classes), {}
+    takes_classes = "num_classes" in parameters or keywords(parameters)
+    if "image_shape" in parameters or not takes_classes:
+        return (shape, num_classes), {}
+    return (), {"num_classes": num_classes}
+
+
+def keywords(parameters) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def try_on(net: torch.nn.Module, name: str, shape: tuple[int, int, int], num_classes: int) -> None:
+    """A ModelError, before anything trains, for a network that cannot take images of `shape`
+    (two black ones, in eval mode) or does not give one output per class."""
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            outputs = net(torch.zeros(2, *shape))
+    except (RuntimeError, AssertionError, ValueError, IndexError) as e:  # its first line says why
+        reason = str(e).strip().splitlines()[0]
+        raise ModelError(f"the network {name} cannot take {shape} images: {reason}") from None
+    finally:
+        net.train(was_training)
+    if tuple(getattr(outputs, "shape", ())) != (2, num_classes):
+        given = tuple(getattr(outputs, "shape", ()))
+        raise ModelError(f"the network {name} gives outputs of shape {given} for a batch of 2, "
+                         f"not (2, {num_classes}): one logit per class")
 
 
 def build_optimizer(factory, params: list, lr) -> torch.optim.Optimizer:
