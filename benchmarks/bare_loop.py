@@ -1,11 +1,12 @@
-"""The floor: a recipe trained by a bare PyTorch loop over the project's own device batches.
+r"""The floor: a recipe trained by a bare PyTorch loop over the project's own device batches.
 
 Same data module, batches, augmentation, model (normalisation and network), optimizer and schedule
 as `train.py --model RECIPE` (built from the same command line by the same TrainCLI), but no
 Lightning: forward, loss, backward, step. What train.py adds on top of this is the framework's cost.
 Prints one JSON line with the per-epoch training times and test accuracies.
 
-    python benchmarks/bare_loop.py --model mlp --data fashion_mnist --data.data_dir DIR
+    python benchmarks/bare_loop.py --model mlp --data fashion_mnist --data.data_dir DIR \
+        --trainer.max_epochs 5
 """
 
 import json
@@ -29,25 +30,16 @@ def main() -> None:
     data.prepare_data()
     data.setup("fit")
     data.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in data.splits.items()}
-    hp = {
-        k: v
-        for k, v in recipe.hparams.items()
-        if not k.startswith("_") and k not in ("optimizer", "scheduler")
-    }
-    hp.update(
-        image_shape=data.image_shape,
-        num_classes=len(data.classes),
-        mean=hp["mean"] or data.mean,
-        std=hp["std"] or data.std,
-    )
-    model = type(recipe)(
-        **hp, optimizer=recipe.optimizer_factory, scheduler=recipe.scheduler_factory
-    ).to(device)
+    hp = {k: v for k, v in recipe.hparams.items()
+          if not k.startswith("_") and k not in ("optimizer", "scheduler")}
+    hp.update(image_shape=data.image_shape, num_classes=len(data.classes),
+              mean=hp["mean"] or data.mean, std=hp["std"] or data.std)
+    model = type(recipe)(**hp, optimizer=recipe.optimizer_factory,
+                         scheduler=recipe.scheduler_factory).to(device)
     batches, test_batches = data.train_dataloader(), data.test_dataloader()
     epochs = cli.trainer.max_epochs
-    optimizer = model.optimizer_factory(
-        model.parameters(), **({"lr": hp["lr"]} if hp["lr"] else {})
-    )
+    optimizer = model.optimizer_factory(model.parameters(),
+                                        **({"lr": hp["lr"]} if hp["lr"] else {}))
     schedule = None
     if model.scheduler_factory is not None:
         schedule = model.scheduler_factory(optimizer, total_steps=epochs * len(batches))
@@ -82,18 +74,9 @@ def main() -> None:
                 correct += (model(x).argmax(1) == y).sum().item()
                 total += len(y)
         test_acc.append(correct / total)
-    print(
-        json.dumps(
-            {
-                "epochs": epochs,
-                "batch_size": data.batch_size,
-                "epoch_seconds": epoch_seconds,
-                "test_acc": test_acc,
-                "images_per_second": images / sum(epoch_seconds),
-                "device": str(device),
-            }
-        )
-    )
+    print(json.dumps({"epochs": epochs, "batch_size": data.batch_size,
+                      "epoch_seconds": epoch_seconds, "test_acc": test_acc,
+                      "images_per_second": images / sum(epoch_seconds), "device": str(device)}))
 
 
 if __name__ == "__main__":

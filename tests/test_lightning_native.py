@@ -53,15 +53,8 @@ class Reference(L.LightningModule):
 
 
 def ours() -> ImageClassifier:
-    return ImageClassifier(
-        "mlp",
-        image_shape=(1, 28, 28),
-        num_classes=10,
-        mean=[0.5],
-        std=[0.5],
-        lr=0.05,
-        optimizer=torch.optim.SGD,
-    )
+    return ImageClassifier("mlp", image_shape=(1, 28, 28), num_classes=10, mean=[0.5], std=[0.5],
+                           lr=0.05, optimizer=torch.optim.SGD)
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +67,8 @@ def fit(model_factory, data_dir, tmp_path, callbacks=(), tune=None, **flags):
     L.seed_everything(0, verbose=False)
     model = model_factory()
     data = MNISTDataModule(str(data_dir), batch_size=24)
-    flags = {
-        "max_epochs": 2,
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "default_root_dir": str(tmp_path),
-        **flags,
-    }
+    flags = {"max_epochs": 2, "logger": False, "enable_progress_bar": False,
+             "enable_model_summary": False, "default_root_dir": str(tmp_path), **flags}
     trainer = L.Trainer(callbacks=[c() for c in callbacks], **flags)
     if tune:
         tune(trainer, model, data)
@@ -90,10 +77,8 @@ def fit(model_factory, data_dir, tmp_path, callbacks=(), tune=None, **flags):
 
 
 def same_weights(a, b, atol=1e-5):
-    return all(
-        torch.allclose(x.float(), y.float(), atol=atol)
-        for x, y in zip(a.net.parameters(), b.net.parameters())
-    )
+    return all(torch.allclose(x.float(), y.float(), atol=atol)
+               for x, y in zip(a.net.parameters(), b.net.parameters()))
 
 
 class CountValidations(L.Callback):
@@ -105,26 +90,21 @@ class CountValidations(L.Callback):
             self.steps.append(trainer.global_step)
 
 
-@pytest.mark.parametrize(
-    "flags, steps",
-    [
-        ({}, 2 * STEPS_PER_EPOCH),
-        ({"gradient_clip_val": 0.05}, 2 * STEPS_PER_EPOCH),
-        ({"gradient_clip_val": 0.001, "gradient_clip_algorithm": "value"}, 2 * STEPS_PER_EPOCH),
-        ({"accumulate_grad_batches": 3}, 2 * 8),  # ceil(22 / 3): the last, short group steps too
-        ({"limit_train_batches": 5}, 10),
-        ({"limit_train_batches": 0.5}, 22),
-        ({"max_steps": 7}, 7),
-        (
-            {"overfit_batches": 2, "max_epochs": 3},
-            6,
-        ),  # see also test_overfit_batches_are_the_same_every_epoch
-        ({"fast_dev_run": True}, 1),
-        ({"precision": "64-true"}, 2 * STEPS_PER_EPOCH),
-        ({"precision": "bf16-true", "max_epochs": 1}, STEPS_PER_EPOCH),
-        ({"precision": "bf16-mixed", "max_epochs": 1}, STEPS_PER_EPOCH),
-    ],
-)
+@pytest.mark.parametrize("flags, steps", [
+    ({}, 2 * STEPS_PER_EPOCH),
+    ({"gradient_clip_val": 0.05}, 2 * STEPS_PER_EPOCH),
+    ({"gradient_clip_val": 0.001, "gradient_clip_algorithm": "value"}, 2 * STEPS_PER_EPOCH),
+    ({"accumulate_grad_batches": 3}, 2 * 8),  # ceil(22 / 3): the last, short group steps too
+    ({"limit_train_batches": 5}, 10),
+    ({"limit_train_batches": 0.5}, 22),
+    ({"max_steps": 7}, 7),
+    # see also test_overfit_batches_are_the_same_every_epoch
+    ({"overfit_batches": 2, "max_epochs": 3}, 6),
+    ({"fast_dev_run": True}, 1),
+    ({"precision": "64-true"}, 2 * STEPS_PER_EPOCH),
+    ({"precision": "bf16-true", "max_epochs": 1}, STEPS_PER_EPOCH),
+    ({"precision": "bf16-mixed", "max_epochs": 1}, STEPS_PER_EPOCH),
+])
 def test_trainer_flags_train_as_a_plain_lightning_module_does(flags, steps, mnist, tmp_path):
     trainer, model, _ = fit(ours, mnist, tmp_path / "ours", **flags)
     reference_trainer, reference, _ = fit(Reference, mnist, tmp_path / "reference", **flags)
@@ -132,23 +112,16 @@ def test_trainer_flags_train_as_a_plain_lightning_module_does(flags, steps, mnis
     tolerance = 2e-2 if "bf16" in str(flags.get("precision")) else 1e-5
     assert same_weights(model, reference, tolerance)
     if flags.get("precision") in ("64-true", "bf16-true"):
-        assert (
-            model.net.fc1.weight.dtype
-            == {"64-true": torch.float64, "bf16-true": torch.bfloat16}[flags["precision"]]
-        )
+        assert (model.net.fc1.weight.dtype
+                == {"64-true": torch.float64, "bf16-true": torch.bfloat16}[flags["precision"]])
 
 
-@pytest.mark.parametrize(
-    "flags, expected",
-    [
-        (
-            {"val_check_interval": 5, "check_val_every_n_epoch": None, "max_steps": 24},
-            [5, 10, 15, 20],
-        ),
-        ({"val_check_interval": 0.5}, [11, 22, 33, 44]),
-        ({"check_val_every_n_epoch": 2, "max_epochs": 4}, [44, 88]),
-    ],
-)
+@pytest.mark.parametrize("flags, expected", [
+    ({"val_check_interval": 5, "check_val_every_n_epoch": None, "max_steps": 24},
+     [5, 10, 15, 20]),
+    ({"val_check_interval": 0.5}, [11, 22, 33, 44]),
+    ({"check_val_every_n_epoch": 2, "max_epochs": 4}, [44, 88]),
+])
 def test_validation_runs_when_lightning_says(flags, expected, mnist, tmp_path):
     counter = CountValidations()
     fit(ours, mnist, tmp_path, callbacks=[lambda: counter], **flags)
@@ -165,8 +138,8 @@ class LoggingReference(Reference):
 
 
 class ReadMetrics(L.Callback):
-    """What a user's callback finds: train/loss in callback_metrics at each epoch's end, and
-    every step's loss."""
+    """What a user's callback finds: train/loss in callback_metrics at each epoch's end, and every
+    step's loss."""
 
     def __init__(self):
         self.at_epoch_end, self.losses = [], []
@@ -179,78 +152,55 @@ class ReadMetrics(L.Callback):
 
 
 def test_training_metrics_are_logged_as_on_a_plain_module(mnist, tmp_path):
-    """Per step at log_every_n_steps and as epoch means (Lightning's _step and _epoch), current
-    for callbacks."""
+    """Per step at log_every_n_steps and as epoch means (Lightning's _step and _epoch), current for
+    callbacks."""
     logged = {}
     for name, factory in (("ours", ours), ("reference", LoggingReference)):
         reader = ReadMetrics()
         logger = L.pytorch.loggers.TensorBoardLogger(tmp_path, name=name, version=0)
-        fit(
-            factory,
-            mnist,
-            tmp_path,
-            callbacks=[lambda: reader],
-            logger=logger,
-            log_every_n_steps=5,
-            limit_train_batches=20,
-        )
+        fit(factory, mnist, tmp_path, callbacks=[lambda: reader], logger=logger,
+            log_every_n_steps=5, limit_train_batches=20)
         logged[name] = scalars(tmp_path / name / "version_0"), reader
     (ours_tags, ours_read), (plain_tags, plain_read) = logged["ours"], logged["reference"]
-    assert (
-        len(ours_tags["train/loss_step"]) == len(plain_tags["train/loss_step"]) == 8
-    )  # 40 steps, every 5th
+    # 40 steps, every 5th
+    assert len(ours_tags["train/loss_step"]) == len(plain_tags["train/loss_step"]) == 8
     assert len(ours_tags["train/loss_epoch"]) == len(plain_tags["train/loss_epoch"]) == 2
     assert ours_read.losses == pytest.approx(plain_read.losses, rel=1e-5)  # the same training
-    # The epoch's mean over every step (not only the logged ones), there when callbacks look, epoch
-    # 0 too.
-    means = [sum(ours_read.losses[i : i + 20]) / 20 for i in (0, 20)]
+    # The epoch's mean over every step (not only the logged ones), there when callbacks look,
+    # epoch 0 too.
+    means = [sum(ours_read.losses[i:i + 20]) / 20 for i in (0, 20)]
     assert ours_tags["train/loss_epoch"] == pytest.approx(means, rel=1e-5)
     assert ours_read.at_epoch_end == pytest.approx(means, rel=1e-5) == plain_read.at_epoch_end
     # A logged step is the mean of the steps since the one before: each step's own value at
     # log_every_n_steps 1.
-    assert ours_tags["train/loss_step"][1] == pytest.approx(
-        sum(ours_read.losses[5:10]) / 5, rel=1e-5
-    )
-    tags = scalars(
-        fit(
-            ours,
-            mnist,
-            tmp_path,
-            logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="every"),
-            log_every_n_steps=1,
-            limit_train_batches=20,
-            max_epochs=1,
-        )[0].logger.log_dir
-    )
+    assert ours_tags["train/loss_step"][1] == pytest.approx(sum(ours_read.losses[5:10]) / 5,
+                                                            rel=1e-5)
+    tags = scalars(fit(ours, mnist, tmp_path,
+                       logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="every"),
+                       log_every_n_steps=1, limit_train_batches=20, max_epochs=1)[0].logger.log_dir)
     assert len(tags["train/loss_step"]) == 20
 
 
 def test_a_checkpoint_can_monitor_the_training_loss_mid_epoch(mnist, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="train/loss", save_top_k=-1)
     fit(ours, mnist, tmp_path, callbacks=[lambda: checkpoint], val_check_interval=0.5)
-    assert (
-        len(list((tmp_path / "ckpt").glob("*.ckpt"))) == 4
-        and checkpoint.best_model_score is not None
-    )
+    assert (len(list((tmp_path / "ckpt").glob("*.ckpt"))) == 4
+            and checkpoint.best_model_score is not None)
 
 
 def ema():
     return WeightAveraging(multi_avg_fn=get_ema_multi_avg_fn(0.9))
 
 
-@pytest.mark.parametrize(
-    "callbacks",
-    [
-        [ema],
-        [lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)],
-        [lambda: EarlyStopping(monitor="val/acc", mode="max", patience=0, min_delta=0.5)],
-    ],
-)
+@pytest.mark.parametrize("callbacks", [
+    [ema],
+    [lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)],
+    [lambda: EarlyStopping(monitor="val/acc", mode="max", patience=0, min_delta=0.5)],
+])
 def test_weight_averaging_and_early_stopping_as_on_a_plain_module(callbacks, mnist, tmp_path):
     trainer, model, _ = fit(ours, mnist, tmp_path / "ours", callbacks=callbacks, max_epochs=3)
-    reference_trainer, reference, _ = fit(
-        Reference, mnist, tmp_path / "reference", callbacks=callbacks, max_epochs=3
-    )
+    reference_trainer, reference, _ = fit(Reference, mnist, tmp_path / "reference",
+                                          callbacks=callbacks, max_epochs=3)
     assert trainer.global_step == reference_trainer.global_step
     assert trainer.current_epoch == reference_trainer.current_epoch
     assert same_weights(model, reference)
@@ -280,15 +230,10 @@ def test_checkpoints_every_n_train_steps(mnist, tmp_path):
 @pytest.mark.parametrize("tune", ["callback", "tuner"])
 def test_learning_rate_finder_sets_the_models_lr(tune, mnist, tmp_path):
     finder = dict(min_lr=1e-4, max_lr=1.0)
-    kwargs = (
-        {"callbacks": [lambda: LearningRateFinder(**finder, num_training_steps=20)]}
-        if tune == "callback"
-        else {
-            "tune": lambda trainer, model, data: Tuner(trainer).lr_find(
-                model, datamodule=data, **finder, num_training=20
-            )
-        }
-    )
+    kwargs = ({"callbacks": [lambda: LearningRateFinder(**finder, num_training_steps=20)]}
+              if tune == "callback" else
+              {"tune": lambda trainer, model, data: Tuner(trainer).lr_find(
+                  model, datamodule=data, **finder, num_training=20)})
     _, model, _ = fit(ours, mnist, tmp_path / "ours", **kwargs)
     _, reference, _ = fit(Reference, mnist, tmp_path / "reference", **kwargs)
     assert model.hparams.lr != 0.05
@@ -298,95 +243,51 @@ def test_learning_rate_finder_sets_the_models_lr(tune, mnist, tmp_path):
 
 @pytest.mark.slow
 def test_batch_size_finder_sets_the_data_modules_batch_size(mnist, tmp_path):
-    finder = partial(
-        BatchSizeFinder, mode="binsearch", steps_per_trial=1, init_val=16, max_trials=3
-    )
+    finder = partial(BatchSizeFinder, mode="binsearch", steps_per_trial=1, init_val=16,
+                     max_trials=3)
     trainer, _, data = fit(ours, mnist, tmp_path / "ours", callbacks=[finder])
-    reference_trainer, _, reference_data = fit(
-        Reference, mnist, tmp_path / "reference", callbacks=[finder]
-    )
+    reference_trainer, _, reference_data = fit(Reference, mnist, tmp_path / "reference",
+                                               callbacks=[finder])
     assert data.batch_size == reference_data.batch_size > 24
     assert trainer.global_step == reference_trainer.global_step == 2 * (540 // data.batch_size)
 
 
-# --- the same from the command line
-# ----------------------------------------------------------------------------
-
+# --- the same from the command line ---------------------------------------------------------------
 
 @pytest.fixture
 def cli_run(mnist, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def run(*args):
-        quiet = not any(
-            "ProgressBar" in a for a in args
-        )  # a progress bar callback needs enable_progress_bar
-        return run_train(
-            [
-                "--model",
-                "mlp",
-                "--data.data_dir",
-                str(mnist),
-                "--data.batch_size",
-                "24",
-                "--trainer.max_epochs",
-                "2",
-                *args,
-            ],
-            quiet=quiet,
-        )
-
+        # a progress bar callback needs enable_progress_bar
+        quiet = not any("ProgressBar" in a for a in args)
+        return run_train(["--model", "mlp", "--data.data_dir", str(mnist),
+                          "--data.batch_size", "24", "--trainer.max_epochs", "2", *args],
+                         quiet=quiet)
     return run
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "args, check",
-    [
-        (
-            ["--trainer.gradient_clip_val", "1.0"],
-            lambda run: (run / "checkpoints" / "last.ckpt").is_file(),
-        ),
-        (
-            [
-                "--trainer.callbacks+=LearningRateMonitor",
-                "--trainer.callbacks.logging_interval=step",
-                "--trainer.log_every_n_steps=5",
-            ],
-            lambda run: len(scalars(run)["lr-AdamW"]) == 44 // 5,
-        ),
-        (["--trainer.callbacks+=RichProgressBar"], None),
-        (["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate=5"], None),
-        (["--trainer.callbacks+=DeviceStatsMonitor"], None),
-        (
-            [
-                "--trainer.callbacks+=EarlyStopping",
-                "--trainer.callbacks.monitor=val/acc",
-                "--trainer.callbacks.mode=max",
-            ],
-            None,
-        ),
-        (
-            [
-                "--trainer.callbacks+=LearningRateFinder",
-                "--trainer.callbacks.num_training_steps=10",
-            ],
-            None,
-        ),
-        (
-            ["--trainer.enable_checkpointing", "false"],
-            lambda run: not (run / "checkpoints").exists(),
-        ),
-        (["--trainer.profiler", "simple"], None),
-        (["--trainer.precision", "bf16-true"], None),
-        (
-            ["--trainer.accumulate_grad_batches", "2"],
-            lambda run: (
-                __import__("json").loads((run / "results.json").read_text())["global_step"] == 22
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("args, check", [
+    (["--trainer.gradient_clip_val", "1.0"],
+     lambda run: (run / "checkpoints" / "last.ckpt").is_file()),
+    (["--trainer.callbacks+=LearningRateMonitor",
+      "--trainer.callbacks.logging_interval=step", "--trainer.log_every_n_steps=5"],
+     lambda run: len(scalars(run)["lr-AdamW"]) == 44 // 5),
+    (["--trainer.callbacks+=RichProgressBar"], None),
+    (["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate=5"], None),
+    (["--trainer.callbacks+=DeviceStatsMonitor"], None),
+    (["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val/acc",
+      "--trainer.callbacks.mode=max"], None),
+    (["--trainer.callbacks+=LearningRateFinder", "--trainer.callbacks.num_training_steps=10"],
+     None),
+    (["--trainer.enable_checkpointing", "false"],
+     lambda run: not (run / "checkpoints").exists()),
+    (["--trainer.profiler", "simple"], None),
+    (["--trainer.precision", "bf16-true"], None),
+    (["--trainer.accumulate_grad_batches", "2"], lambda run: __import__("json").loads(
+        (run / "results.json").read_text())["global_step"] == 22),
+])
 def test_command_line_flags_and_callbacks(args, check, cli_run, tmp_path):
     assert cli_run(*args) == 0
     (run,) = runs(tmp_path)
@@ -396,9 +297,8 @@ def test_command_line_flags_and_callbacks(args, check, cli_run, tmp_path):
 
 def test_default_root_dir_is_where_the_run_goes(cli_run, tmp_path):
     assert cli_run("--trainer.default_root_dir", str(tmp_path / "elsewhere")) == 0
-    assert (
-        tmp_path / "elsewhere" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    ).is_file()
+    assert (tmp_path / "elsewhere" / "lightning_logs" / "version_0" / "checkpoints"
+            / "last.ckpt").is_file()
     assert not (tmp_path / "lightning_logs").exists()
 
 
@@ -408,42 +308,21 @@ def test_without_a_logger_checkpoints_go_to_default_root_dir(cli_run, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "logger, written",
-    [
-        (
-            ["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "csv"],
-            "csv/lightning_logs/version_0/metrics.csv",
-        ),
-        (
-            ["--trainer.logger", "MLFlowLogger", "--trainer.logger.tracking_uri", "file:./mlruns"],
-            "mlruns",
-        ),
-        (
-            [
-                "--trainer.logger",
-                "WandbLogger",
-                "--trainer.logger.offline",
-                "true",
-                "--trainer.logger.save_dir",
-                "wb",
-            ],
-            "wb/wandb",
-        ),
-        (
-            [
-                '--trainer.logger=[{"class_path": "CSVLogger", "init_args": {"save_dir": "both"}}, '
-                '{"class_path": "TensorBoardLogger", "init_args": {"save_dir": "both"}}]'
-            ],
-            "both/lightning_logs/version_0",
-        ),
-    ],
-)
+@pytest.mark.parametrize("logger, written", [
+    (["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "csv"],
+     "csv/lightning_logs/version_0/metrics.csv"),
+    (["--trainer.logger", "MLFlowLogger", "--trainer.logger.tracking_uri", "file:./mlruns"],
+     "mlruns"),
+    (["--trainer.logger", "WandbLogger", "--trainer.logger.offline", "true",
+      "--trainer.logger.save_dir", "wb"], "wb/wandb"),
+    (['--trainer.logger=[{"class_path": "CSVLogger", "init_args": {"save_dir": "both"}}, '
+      '{"class_path": "TensorBoardLogger", "init_args": {"save_dir": "both"}}]'],
+     "both/lightning_logs/version_0"),
+])
 def test_loggers(logger, written, cli_run, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv(
-        "MLFLOW_ALLOW_FILE_STORE", "true"
-    )  # mlflow 3 refuses new file stores without it
+    # mlflow 3 refuses new file stores without it
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     monkeypatch.setenv("WANDB_SILENT", "true")
     assert cli_run(*logger) == 0
     assert (tmp_path / written).exists()
@@ -453,52 +332,35 @@ def test_loggers(logger, written, cli_run, tmp_path, monkeypatch):
         assert "val/acc" in header and "train/loss" in header
 
 
-# --- the project's defaults step aside as Lightning's do
-# ---------------------------------------------------------
-
+# --- the project's defaults step aside as Lightning's do ------------------------------------------
 
 def test_barebones_runs_with_none_of_the_defaults_in_its_way(cli_run, tmp_path, capsys):
     assert cli_run("--trainer.barebones", "true") == 0
-    assert (
-        "test/acc not logged (--trainer.barebones)" in capsys.readouterr().out
-    )  # Lightning logs nothing
+    # Lightning logs nothing
+    assert "test/acc not logged (--trainer.barebones)" in capsys.readouterr().out
     assert not any(tmp_path.glob("**/*.ckpt")) and not any(tmp_path.glob("**/config.yaml"))
 
 
-def test_a_users_checkpoint_callback_is_honoured_or_refused_as_lightning_does(
-    cli_run, tmp_path, capsys
-):
-    assert (
-        cli_run("--trainer.enable_checkpointing", "false", "--trainer.callbacks+=ModelCheckpoint")
-        == 2
-    )
-    assert (
-        "configured with `enable_checkpointing=False` but found `ModelCheckpoint`"
-        in capsys.readouterr().err
-    )
+def test_a_users_checkpoint_callback_is_honoured_or_refused_as_lightning_does(cli_run, tmp_path,
+                                                                              capsys):
+    assert cli_run("--trainer.enable_checkpointing", "false",
+                   "--trainer.callbacks+=ModelCheckpoint") == 2
+    assert ("configured with `enable_checkpointing=False` but found `ModelCheckpoint`"
+            in capsys.readouterr().err)
     # Their ModelCheckpoint takes the default one's place (Lightning's rule); with save_last, its
-    # last.ckpt is the
-    # only one; the test after fit uses their best.
-    assert (
-        cli_run(
-            "--trainer.callbacks+=ModelCheckpoint",
-            "--trainer.callbacks.monitor=val/loss",
-            "--trainer.callbacks.filename=low-{epoch}",
-            "--trainer.callbacks.save_last=true",
-        )
-        == 0
-    )
+    # last.ckpt is the only one; the test after fit uses their best.
+    assert cli_run("--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor=val/loss",
+                   "--trainer.callbacks.filename=low-{epoch}",
+                   "--trainer.callbacks.save_last=true") == 0
     (run,) = runs(tmp_path)
-    best, last = sorted(
-        (p.name for p in (run / "checkpoints").iterdir()), key=lambda name: name == "last.ckpt"
-    )
+    best, last = sorted((p.name for p in (run / "checkpoints").iterdir()),
+                        key=lambda name: name == "last.ckpt")
     assert best.startswith("low-epoch=") and last == "last.ckpt"
     assert results(run)["checkpoint"] == str(run / "checkpoints" / best)
 
 
-def test_a_partial_config_goes_on_top_of_the_default_recipe(
-    cifar10_dir, tmp_path, monkeypatch, capsys
-):
+def test_a_partial_config_goes_on_top_of_the_default_recipe(cifar10_dir, tmp_path, monkeypatch,
+                                                            capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "few.yaml").write_text("trainer:\n  max_epochs: 1\n  limit_train_batches: 3\n")
     assert run_train(["--config", "few.yaml", "--data.data_dir", str(cifar10_dir)]) == 0
@@ -508,50 +370,33 @@ def test_a_partial_config_goes_on_top_of_the_default_recipe(
     assert "Problem with given class_path" not in capsys.readouterr().err
 
 
-def test_use_commands_find_runs_wherever_the_logger_put_them_and_make_no_new_runs(
-    cli_run, tmp_path, capsys
-):
+def test_use_commands_find_runs_wherever_the_logger_put_them_and_make_no_new_runs(cli_run, tmp_path,
+                                                                                  capsys):
     assert cli_run("--trainer.max_epochs", "1") == 0  # an older run, in ./lightning_logs
     assert cli_run("--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "logs") == 0
     csv_run = tmp_path / "logs" / "lightning_logs" / "version_0"
     capsys.readouterr()
     assert run_train(["test", "--ckpt_path", "best"]) == 0
     assert f"from {csv_run}/checkpoints/epoch" in capsys.readouterr().out
-    assert (
-        csv_run / "test" / "version_0" / "metrics.csv"
-    ).is_file()  # beside the run, with its logger
-    assert (
-        results(csv_run / "test" / "version_0")["stage"] == "test"
-        and results(csv_run)["stage"] == "fit"
-    )
-    assert (
-        run_train(["predict", "--ckpt_path", "last"]) == 0
-        and run_train(["export", "--ckpt_path", "last"]) == 0
-    )
+    # beside the run, with its logger
+    assert (csv_run / "test" / "version_0" / "metrics.csv").is_file()
+    assert (results(csv_run / "test" / "version_0")["stage"] == "test"
+            and results(csv_run)["stage"] == "fit")
+    assert (run_train(["predict", "--ckpt_path", "last"]) == 0
+            and run_train(["export", "--ckpt_path", "last"]) == 0)
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
     assert [p.name for p in (tmp_path / "logs" / "lightning_logs").iterdir()] == ["version_0"]
     assert cli_run("--trainer.max_epochs", "1", "--trainer.default_root_dir", "elsewhere") == 0
-    assert (
-        run_train(["test", "--ckpt_path", "last", "--trainer.default_root_dir", "elsewhere"]) == 0
-    )
-    assert (
-        f"from {tmp_path}/elsewhere/lightning_logs/version_0/checkpoints/last.ckpt"
-        in capsys.readouterr().out
-    )
+    assert run_train(["test", "--ckpt_path", "last",
+                      "--trainer.default_root_dir", "elsewhere"]) == 0
+    assert (f"from {tmp_path}/elsewhere/lightning_logs/version_0/checkpoints/last.ckpt"
+            in capsys.readouterr().out)
 
 
 @pytest.mark.slow
 def test_a_run_piped_to_a_file_logs_a_few_lines_an_epoch(mnist, tmp_path):
-    args = [
-        "--model",
-        "mlp",
-        "--data.data_dir",
-        str(mnist),
-        "--data.batch_size",
-        "24",
-        "--trainer.max_epochs",
-        "10",
-    ]
+    args = ["--model", "mlp", "--data.data_dir", str(mnist), "--data.batch_size", "24",
+            "--trainer.max_epochs", "10"]
     ours = run_process(args, cwd=tmp_path, quiet=False)
     plain = run_process([*args, "--trainer.callbacks+=TQDMProgressBar"], cwd=tmp_path, quiet=False)
     assert ours.returncode == plain.returncode == 0 and "Epoch 9: 100%" in ours.stdout
@@ -561,49 +406,20 @@ def test_a_run_piped_to_a_file_logs_a_few_lines_an_epoch(mnist, tmp_path):
     assert len(ours.stdout) < len(plain.stdout) / 3
 
 
-@pytest.mark.parametrize(
-    "args, expected",
-    [
-        (
-            [
-                "--trainer.callbacks+=Timer",
-                "--trainer.callbacks.duration=00:00:00:01",
-                "--trainer.max_epochs=1000",
-            ],
-            0,
-        ),
-        (
-            [
-                "--trainer.callbacks+=BackboneFinetuning",
-                "--trainer.callbacks.unfreeze_backbone_at_epoch=1",
-                "--model.scheduler=null",
-            ],
-            0,
-        ),
-        (
-            ["--trainer.callbacks+=BackboneFinetuning"],
-            "BackboneFinetuning adds the layers it thaws to the optimizer after",
-        ),
-        (
-            ["--trainer.callbacks+=BatchSizeFinder"],
-            "BatchSizeFinder changes the batches after the schedule",
-        ),
-        (
-            [
-                "--trainer.callbacks+=GradientAccumulationScheduler",
-                "--trainer.callbacks.scheduling={0: 2}",
-            ],
-            0,
-        ),
-        (
-            [
-                "--trainer.callbacks+=ThroughputMonitor",
-                "--trainer.callbacks.batch_size_fn=builtins.len",
-            ],
-            0,
-        ),
-    ],
-)
+@pytest.mark.parametrize("args, expected", [
+    (["--trainer.callbacks+=Timer", "--trainer.callbacks.duration=00:00:00:01",
+      "--trainer.max_epochs=1000"], 0),
+    (["--trainer.callbacks+=BackboneFinetuning", "--trainer.callbacks.unfreeze_backbone_at_epoch=1",
+      "--model.scheduler=null"], 0),
+    (["--trainer.callbacks+=BackboneFinetuning"],
+     "BackboneFinetuning adds the layers it thaws to the optimizer after"),
+    (["--trainer.callbacks+=BatchSizeFinder"],
+     "BatchSizeFinder changes the batches after the schedule"),
+    (["--trainer.callbacks+=GradientAccumulationScheduler",
+      "--trainer.callbacks.scheduling={0: 2}"], 0),
+    (["--trainer.callbacks+=ThroughputMonitor",
+      "--trainer.callbacks.batch_size_fn=builtins.len"], 0),
+])
 def test_callbacks_run_or_say_why_not(args, expected, cli_run, tmp_path, capsys):
     code = cli_run(*args)
     err = capsys.readouterr().err
@@ -620,20 +436,12 @@ def test_last_is_the_newest_run_of_a_logger_not_a_sweeps_trial(tmp_path, monkeyp
     from lit_cli.runs import find_checkpoint
 
     monkeypatch.chdir(tmp_path)
-    for i, run in enumerate(
-        [
-            "lightning_logs/version_0",
-            "logs/lightning_logs/version_3",
-            "lightning_logs/sweeps/study/trial_0000/lightning_logs/version_0",
-        ]
-    ):
+    for i, run in enumerate(["lightning_logs/version_0", "logs/lightning_logs/version_3",
+                             "lightning_logs/sweeps/study/trial_0000/lightning_logs/version_0"]):
         (tmp_path / run / "checkpoints").mkdir(parents=True)
         (tmp_path / run / "checkpoints" / "last.ckpt").write_bytes(b"")
         os.utime(tmp_path / run / "checkpoints" / "last.ckpt", (1000 + i, 1000 + i))
-    assert (
-        str(find_checkpoint("last", "last"))
-        == "logs/lightning_logs/version_3/checkpoints/last.ckpt"
-    )
+    assert (str(find_checkpoint("last", "last"))
+            == "logs/lightning_logs/version_3/checkpoints/last.ckpt")
     assert str(find_checkpoint("last", "last", "lightning_logs/sweeps/study/trial_0000")).endswith(
-        "trial_0000/lightning_logs/version_0/checkpoints/last.ckpt"
-    )
+        "trial_0000/lightning_logs/version_0/checkpoints/last.ckpt")

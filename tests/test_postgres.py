@@ -36,92 +36,39 @@ def postgres():
         pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN}/initdb: Debian's postgresql-15)")
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         pytest.skip("running as root without runuser: cannot start PostgreSQL as the postgres user")
-    folder = Path(
-        tempfile.mkdtemp(prefix="sweep-pg-")
-    )  # not tmp_path: the server's user must reach it
+    # not tmp_path: the server's user must reach it
+    folder = Path(tempfile.mkdtemp(prefix="sweep-pg-"))
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run = [
-        *as_server_user(),
-        str(PG_BIN / "initdb"),
-        "-D",
-        str(folder / "data"),
-        "-U",
-        "sweep",
-        "--auth=trust",
-        "--no-sync",
-        "-E",
-        "UTF8",
-    ]
+    run = [*as_server_user(), str(PG_BIN / "initdb"), "-D", str(folder / "data"), "-U", "sweep",
+           "--auth=trust", "--no-sync", "-E", "UTF8"]
     subprocess.run(run, check=True, capture_output=True)
     server = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        [
-            *as_server_user(),
-            str(PG_BIN / "pg_ctl"),
-            "-D",
-            str(folder / "data"),
-            "-l",
-            str(folder / "server.log"),
-            "-o",
-            server,
-            "-w",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run([*as_server_user(), str(PG_BIN / "pg_ctl"), "-D", str(folder / "data"),
+                    "-l", str(folder / "server.log"), "-o", server, "-w", "start"],
+                   check=True, capture_output=True)
 
     def database(name: str) -> str:
-        subprocess.run(
-            [
-                *as_server_user(),
-                str(PG_BIN / "createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-U",
-                "sweep",
-                name,
-            ],
-            check=True,
-            capture_output=True,
-        )
+        subprocess.run([*as_server_user(), str(PG_BIN / "createdb"), "-h", "127.0.0.1",
+                        "-p", str(port), "-U", "sweep", name], check=True, capture_output=True)
         return f"postgresql+psycopg://sweep@127.0.0.1:{port}/{name}"
 
     try:
         yield database
     finally:
-        subprocess.run(
-            [
-                *as_server_user(),
-                str(PG_BIN / "pg_ctl"),
-                "-D",
-                str(folder / "data"),
-                "-m",
-                "fast",
-                "-w",
-                "stop",
-            ],
-            capture_output=True,
-        )
+        subprocess.run([*as_server_user(), str(PG_BIN / "pg_ctl"), "-D", str(folder / "data"),
+                        "-m", "fast", "-w", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def start(args: list[str], machine: Path) -> subprocess.Popen:
     machine.mkdir(exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, SWEEP, *args],
-        cwd=machine,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return subprocess.Popen([sys.executable, SWEEP, *args], cwd=machine,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -137,21 +84,8 @@ def ran_on(trial: optuna.trial.FrozenTrial, machines: list[Path]) -> list[Path]:
 def test_two_machines_share_one_study_and_run_each_setting_once(postgres, tmp_path):
     url, lrs = postgres("shared"), [1e-05, 3e-05, 0.0001, 0.0003]  # four different accuracies
     data = write_mnist(tmp_path / "data")
-    args = [
-        "--grid",
-        f"model.lr={','.join(map(str, lrs))}",
-        "--name",
-        "shared",
-        "--storage",
-        url,
-        "--heartbeat",
-        "1",
-        *BASE,
-        "--trainer.max_epochs",
-        "6",
-        "--data.data_dir",
-        str(data),
-    ]
+    args = ["--grid", f"model.lr={','.join(map(str, lrs))}", "--name", "shared", "--storage", url,
+            "--heartbeat", "1", *BASE, "--trainer.max_epochs", "6", "--data.data_dir", str(data)]
     machines = [tmp_path / "a", tmp_path / "b"]
     procs = [start(args, m) for m in machines]
     outs = [finish(p) for p in procs]
@@ -161,13 +95,11 @@ def test_two_machines_share_one_study_and_run_each_setting_once(postgres, tmp_pa
     for t in trials:  # on one machine, printed by it alone
         (machine,) = ran_on(t, machines)
         assert [f"trial {t.number} (" in out for out in outs] == [m == machine for m in machines]
-    assert all(any(ran_on(t, machines) == [m] for t in trials) for m in machines), (
-        "a machine ran no trial"
-    )
+    assert all(any(ran_on(t, machines) == [m] for t in trials)
+               for m in machines), "a machine ran no trial"
     best = max(trials, key=lambda t: t.value)
-    for machine, out in zip(
-        machines, outs
-    ):  # each machine's summary: the whole study, the same best
+    # each machine's summary: the whole study, the same best
+    for machine, out in zip(machines, outs):
         folder = machine / "lightning_logs" / "sweeps" / "shared"
         rows = (folder / "summary.csv").read_text().splitlines()
         assert len(rows) == 5 and all(",COMPLETE," in row for row in rows[1:])
@@ -179,21 +111,8 @@ def test_two_machines_share_one_study_and_run_each_setting_once(postgres, tmp_pa
 def test_a_machine_killed_mid_trial_has_its_trial_run_again_by_the_other(postgres, tmp_path):
     url, lrs = postgres("killed"), [1e-05, 0.0001, 0.0003]
     data = write_mnist(tmp_path / "data")
-    args = [
-        "--grid",
-        f"model.lr={','.join(map(str, lrs))}",
-        "--name",
-        "k",
-        "--storage",
-        url,
-        "--heartbeat",
-        "1",
-        *BASE,
-        "--trainer.max_epochs",
-        "20",
-        "--data.data_dir",
-        str(data),
-    ]
+    args = ["--grid", f"model.lr={','.join(map(str, lrs))}", "--name", "k", "--storage", url,
+            "--heartbeat", "1", *BASE, "--trainer.max_epochs", "20", "--data.data_dir", str(data)]
     machines = [tmp_path / "a", tmp_path / "b"]
     doomed, survivor = (start(args, m) for m in machines)
     deadline = time.time() + 90
@@ -205,9 +124,8 @@ def test_a_machine_killed_mid_trial_has_its_trial_run_again_by_the_other(postgre
     out = finish(survivor)
     trials = optuna.load_study(study_name="k", storage=url).get_trials()
     (killed,) = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
-    folders = [
-        m / "lightning_logs" / "sweeps" / "k" / f"trial_{killed.number:04d}" for m in machines
-    ]
+    folders = [m / "lightning_logs" / "sweeps" / "k" / f"trial_{killed.number:04d}"
+               for m in machines]
     assert [f.is_dir() for f in folders] == [True, False]  # machine a's, and it never finished
     (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == killed.number]
     assert retry.state == optuna.trial.TrialState.COMPLETE and retry.params == killed.params
@@ -215,17 +133,16 @@ def test_a_machine_killed_mid_trial_has_its_trial_run_again_by_the_other(postgre
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert sorted(t.params["model.lr"] for t in complete) == lrs  # each setting counted once
     assert len(trials) == len(lrs) + 1  # and nothing left running or waiting
-    rows = (
-        (machines[1] / "lightning_logs" / "sweeps" / "k" / "summary.csv").read_text().splitlines()
-    )
+    rows = (machines[1] / "lightning_logs" / "sweeps" / "k"
+            / "summary.csv").read_text().splitlines()
     assert len(rows) == len(trials) + 1 and sum(",FAIL," in row for row in rows) == 1
     best = max(complete, key=lambda t: t.value)
     assert f"Best: trial {best.number}, val/acc_best {best.value:.4f}" in out
 
 
 def test_the_summary_of_a_study_whose_only_trial_runs_or_died(postgres, tmp_path):
-    """No trial has a duration yet: the table says so (the summary after a kill -9 of a
-    one-setting sweep)."""
+    """No trial has a duration yet: the table says so (the summary after a kill -9 of a one-setting
+    sweep)."""
     import sweep
 
     url = postgres("running")
@@ -238,13 +155,10 @@ def test_the_summary_of_a_study_whose_only_trial_runs_or_died(postgres, tmp_path
 
 def test_a_storage_that_cannot_be_opened_is_one_line(postgres, tmp_path):
     url = postgres("exists").rsplit("/", 1)[0] + "/nothing"
-    proc = subprocess.run(
-        [sys.executable, SWEEP, "--storage", url, *BASE, "--data.data_dir", str(tmp_path)],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
+    proc = subprocess.run([sys.executable, SWEEP, "--storage", url, *BASE,
+                           "--data.data_dir", str(tmp_path)],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"sweep.py: error: --storage {url}: cannot open it (" in proc.stderr
     assert 'database "nothing" does not exist' in proc.stderr

@@ -23,11 +23,8 @@ def blocks(language: str) -> list[str]:
 
 def commands() -> list[list[str]]:
     lines = [line.split("#")[0].strip() for block in blocks("bash") for line in block.splitlines()]
-    return [
-        shlex.split(line)[1:]
-        for line in lines
-        if line.startswith(("python train.py", "python sweep.py"))
-    ]
+    return [shlex.split(line)[1:] for line in lines
+            if line.startswith(("python train.py", "python sweep.py"))]
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +41,9 @@ def folder(tmp_path_factory):
 
 @pytest.mark.slow
 def test_every_command_runs_as_written(folder, monkeypatch, capsys):
-    """train.py lines run in this process (train.main, as `python train.py` calls it: the same
-    exit code and messages, without five seconds of imports each); sweep.py lines as processes, as
-    their trials are."""
+    """train.py lines run in this process (train.main, as `python train.py` calls it: the same exit
+    code and messages, without five seconds of imports each); sweep.py lines as processes, as their
+    trials are."""
     assert len(commands()) >= 12
     monkeypatch.chdir(folder)
     for command in commands():
@@ -72,9 +69,8 @@ def test_the_from_python_block_runs_and_the_model_is_the_same_everywhere(tmp_pat
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
     model, data, trainer = namespace["model"], namespace["data"], namespace["trainer"]
-    assert tuple(model.hparams.image_shape) == (1, 28, 28) and model.hparams.mean == pytest.approx(
-        data.mean
-    )
+    assert (tuple(model.hparams.image_shape) == (1, 28, 28)
+            and model.hparams.mean == pytest.approx(data.mean))
     assert model.class_names == data.classes
     tested = trainer.test(namespace["model"], datamodule=data, verbose=False)[0]["test/acc"]
     images, labels = data.read("test")

@@ -18,9 +18,8 @@ pytestmark = pytest.mark.slow  # processes and signals: seconds each
 
 
 def sweep(args, cwd, data, **kwargs):
-    proc = run_process(
-        [*args, *BASE, "--data.data_dir", str(data)], cwd=cwd, script=SWEEP, quiet=False, **kwargs
-    )
+    proc = run_process([*args, *BASE, "--data.data_dir", str(data)], cwd=cwd, script=SWEEP,
+                       quiet=False, **kwargs)
     return proc
 
 
@@ -37,11 +36,8 @@ def grid(tmp_path_factory):
 
     cwd = tmp_path_factory.mktemp("grid")
     data = write_mnist(cwd / "data")
-    proc = sweep(
-        ["--grid", "model.lr=0.005,0.02", "--seeds", "2", "--parallel", "2", "--name", "g"],
-        cwd,
-        data,
-    )
+    proc = sweep(["--grid", "model.lr=0.005,0.02", "--seeds", "2", "--parallel", "2",
+                  "--name", "g"], cwd, data)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cwd, data, proc
 
@@ -52,16 +48,10 @@ def test_a_grid_runs_each_setting_once_with_each_seed(grid):
     assert sorted(t.params["model.lr"] for t in trials) == [0.005, 0.02]
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     for t in trials:  # the value is the mean over the seeds' val/acc_best
-        runs_ = [
-            cwd / "lightning_logs" / "sweeps" / "g" / f"trial_{t.number:04d}" / f"seed_{s}"
-            for s in (0, 1)
-        ]
-        bests = [
-            yaml.safe_load((r / "lightning_logs" / "version_0" / "results.json").read_text())[
-                "val/acc_best"
-            ]
-            for r in runs_
-        ]
+        runs_ = [cwd / "lightning_logs" / "sweeps" / "g" / f"trial_{t.number:04d}" / f"seed_{s}"
+                 for s in (0, 1)]
+        bests = [yaml.safe_load((r / "lightning_logs" / "version_0"
+                                 / "results.json").read_text())["val/acc_best"] for r in runs_]
         assert t.value == pytest.approx(sum(bests) / 2)
         command = t.user_attrs["command_seed_1"]
         assert command.endswith(f"--model.lr={t.params['model.lr']} --seed_everything=1")
@@ -72,71 +62,40 @@ def test_summary_csv_is_optunas_dataframe_and_best_yaml_replays(grid, tmp_path, 
     cwd, data, _ = grid
     folder = cwd / "lightning_logs" / "sweeps" / "g"
     summary = (folder / "summary.csv").read_text().splitlines()
-    assert (
-        summary[0].startswith("number,value,")
-        and "params_model.lr" in summary[0]
-        and len(summary) == 3
-    )
+    assert (summary[0].startswith("number,value,") and "params_model.lr" in summary[0]
+            and len(summary) == 3)
     best = study(cwd).best_trial
     monkeypatch.chdir(tmp_path)
     assert run_train(["--config", str(folder / "best.yaml")]) == 0
     (replayed,) = runs(tmp_path)
-    first_seed = yaml.safe_load(
-        (
-            folder
-            / f"trial_{best.number:04d}"
-            / "seed_0"
-            / "lightning_logs"
-            / "version_0"
-            / "results.json"
-        ).read_text()
-    )
-    assert (
-        yaml.safe_load((replayed / "results.json").read_text())["val/acc_best"]
-        == first_seed["val/acc_best"]
-    )
+    first_seed = yaml.safe_load((folder / f"trial_{best.number:04d}" / "seed_0" / "lightning_logs"
+                                 / "version_0" / "results.json").read_text())
+    assert (yaml.safe_load((replayed / "results.json").read_text())["val/acc_best"]
+            == first_seed["val/acc_best"])
 
 
 def test_the_same_command_again_runs_nothing_and_optuna_reads_the_study(grid):
     cwd, data, _ = grid
-    proc = sweep(
-        ["--grid", "model.lr=0.005,0.02", "--seeds", "2", "--parallel", "2", "--name", "g"],
-        cwd,
-        data,
-    )
+    proc = sweep(["--grid", "model.lr=0.005,0.02", "--seeds", "2", "--parallel", "2",
+                  "--name", "g"], cwd, data)
     assert proc.returncode == 0 and len(study(cwd).get_trials()) == 2
     (db,) = (cwd / "lightning_logs" / "sweeps").glob("*/study.db")
-    listed = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "optuna"),
-            "trials",
-            "--study-name",
-            "g",
-            "--storage",
-            f"sqlite:///{db}",
-            "-f",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    listed = subprocess.run([str(Path(sys.executable).parent / "optuna"), "trials",
+                             "--study-name", "g", "--storage", f"sqlite:///{db}", "-f", "json"],
+                            capture_output=True, text=True)
     assert listed.returncode == 0 and listed.stdout.count('"number"') == 2
 
 
 def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path):
-    (tmp_path / "space.yaml").write_text(
-        "model.lr: {low: 0.001, high: 0.1, log: true}\ndata.batch_size: [32, 64]\n"
-    )
-    proc = sweep(
-        ["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"], tmp_path, mnist_dir
-    )
+    (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n"
+                                         "data.batch_size: [32, 64]\n")
+    proc = sweep(["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"], tmp_path,
+                 mnist_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = study(tmp_path).get_trials()
     assert len(trials) == 6 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
-    assert all(
-        0.001 <= t.params["model.lr"] <= 0.1 and t.params["data.batch_size"] in (32, 64)
-        for t in trials
-    )
+    assert all(0.001 <= t.params["model.lr"] <= 0.1 and t.params["data.batch_size"] in (32, 64)
+               for t in trials)
     assert all(len(t.intermediate_values) >= 1 for t in trials)  # each epoch's val/acc reported
 
 
@@ -147,36 +106,24 @@ def test_a_failing_trial_fails_alone(mnist_dir, tmp_path):
     assert states == {1e12: "FAIL", 0.01: "COMPLETE"}
 
 
-@pytest.mark.parametrize(
-    "args, phrase, code",
-    [
-        (["--space", "nothing.yaml"], "--space nothing.yaml: cannot read it", 2),
-        (["--grid", "model.lr"], "--grid model.lr: write KEY=V1,V2", 2),
-        (["--grid", "model.nothing=1,2"], "nothing", 2),
-        (["--seeds", "0"], "must be at least 1", 2),
-        (
-            ["--grid", "data.batch_size=64,abc"],
-            "batch_size",
-            2,
-        ),  # not the first value: none runs either
-        (
-            ["--grid", "model.lr=0.01", "--grid", "model.label_smoothing=0,2"],
-            "label_smoothing 2.0 must be in [0, 1]",
-            1,
-        ),
-    ],
-)
+@pytest.mark.parametrize("args, phrase, code", [
+    (["--space", "nothing.yaml"], "--space nothing.yaml: cannot read it", 2),
+    (["--grid", "model.lr"], "--grid model.lr: write KEY=V1,V2", 2),
+    (["--grid", "model.nothing=1,2"], "nothing", 2),
+    (["--seeds", "0"], "must be at least 1", 2),
+    # not the first value: none runs either
+    (["--grid", "data.batch_size=64,abc"], "batch_size", 2),
+    (["--grid", "model.lr=0.01", "--grid", "model.label_smoothing=0,2"],
+     "label_smoothing 2.0 must be in [0, 1]", 1),
+])
 def test_bad_sweeps_stop_before_any_trial(args, phrase, code, mnist_dir, tmp_path):
     proc = sweep(args, tmp_path, mnist_dir)
-    assert proc.returncode == code and phrase in proc.stderr and "Traceback" not in proc.stderr, (
-        proc.stderr[-2000:]
-    )
+    assert (proc.returncode == code and phrase in proc.stderr
+            and "Traceback" not in proc.stderr), proc.stderr[-2000:]
     assert not list(tmp_path.glob("lightning_logs/sweeps/*/trial_*"))
 
 
-# --- stopped and killed sweeps: real signals to real processes, then the same command again
-# ---------------------
-
+# --- stopped and killed sweeps: real signals to real processes, then the same command again -------
 
 def command(args: list[str], data: Path) -> list[str]:
     return [sys.executable, SWEEP, *BASE, *args, "--data.data_dir", str(data)]
@@ -186,33 +133,24 @@ def start(argv: list[str], cwd: Path) -> subprocess.Popen:
     """A sweep as a shell starts it: a process group of its own (a terminal's Ctrl-C goes to the
     group), its output in out.txt and err.txt."""
     with open(cwd / "out.txt", "w") as out, open(cwd / "err.txt", "w") as err:
-        return subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-        )
+        return subprocess.Popen(argv, cwd=cwd,
+                                env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+                                stdout=out, stderr=err, start_new_session=True)
 
 
 def wait_for(cwd: Path, pattern: str, count: int, proc: subprocess.Popen) -> None:
     deadline = time.time() + 120
     while len(list(cwd.glob(f"lightning_logs/sweeps/*/{pattern}"))) < count:
-        assert proc.poll() is None and time.time() < deadline, (cwd / "err.txt").read_text()[-3000:]
+        assert (proc.poll() is None
+                and time.time() < deadline), (cwd / "err.txt").read_text()[-3000:]
         time.sleep(0.1)
 
 
 def again(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """The same command, to its end."""
-    proc = subprocess.run(
-        argv,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = subprocess.run(argv, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
 
@@ -222,10 +160,11 @@ def states(cwd: Path) -> list[str]:
 
 
 def each_setting_complete_once(cwd: Path, lrs: list[float]) -> list[optuna.trial.FrozenTrial]:
-    """The trials, after every setting of the grid completed once, none left running or waiting,
-    and each retry the same setting as the trial it runs again."""
+    """The trials, after every setting of the grid completed once, none left running or waiting, and
+    each retry the same setting as the trial it runs again."""
     trials = study(cwd).get_trials()
-    assert sorted(t.params["model.lr"] for t in trials if t.state.name == "COMPLETE") == sorted(lrs)
+    assert (sorted(t.params["model.lr"] for t in trials if t.state.name == "COMPLETE")
+            == sorted(lrs))
     assert {t.state.name for t in trials} <= {"COMPLETE", "FAIL"}
     for t in trials:
         if "failed_trial" in t.system_attrs:
@@ -240,56 +179,32 @@ def last_line(cwd: Path) -> str:
 
 
 def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repeating_a_trial(
-    mnist_dir, tmp_path
-):
-    argv = command(
-        ["--grid", "model.lr=0.005,0.02", "--name", "s", "--trainer.max_epochs", "10"], mnist_dir
-    )
+        mnist_dir, tmp_path):
+    argv = command(["--grid", "model.lr=0.005,0.02", "--name", "s", "--trainer.max_epochs", "10"],
+                   mnist_dir)
     proc = start(argv, tmp_path)
-    wait_for(
-        tmp_path, "trial_0001/**/checkpoints/last.ckpt", 1, proc
-    )  # the second trial has trained an epoch
+    # the second trial has trained an epoch
+    wait_for(tmp_path, "trial_0001/**/checkpoints/last.ckpt", 1, proc)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at a terminal: its process group
     assert proc.wait(timeout=120) == 130
-    assert last_line(tmp_path) == (
-        "sweep.py: stopped by Ctrl-C with 1 trials complete or pruned; the same command "
-        "goes on with the study"
-    )
-    assert states(tmp_path) == [
-        "COMPLETE",
-        "FAIL",
-        "WAITING",
-    ]  # the interrupted trial, and its retry
-    other = subprocess.run(
-        [*argv, "--trainer.max_epochs", "2"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    assert last_line(tmp_path) == ("sweep.py: stopped by Ctrl-C with 1 trials complete or pruned; "
+                                   "the same command goes on with the study")
+    # the interrupted trial, and its retry
+    assert states(tmp_path) == ["COMPLETE", "FAIL", "WAITING"]
+    other = subprocess.run([*argv, "--trainer.max_epochs", "2"], cwd=tmp_path, capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert other.returncode == 2 and "was made by another command" in other.stderr
     again(argv, tmp_path)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
-def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_again(
-    mnist_dir, tmp_path
-):
-    flag = (
-        tmp_path / "testing"
-    )  # a trial's test has begun, and waits 3 s; the other worker's trial trains or tests
-    argv = command(
-        [
-            "--grid",
-            "model.lr=0.005,0.02",
-            "--parallel",
-            "2",
-            "--trainer.callbacks+=probes.SlowTest",
-            f"--trainer.callbacks.flag={flag}",
-            "--trainer.callbacks.seconds=3",
-        ],
-        mnist_dir,
-    )
+def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_again(mnist_dir,
+                                                                                    tmp_path):
+    # a trial's test has begun, and waits 3 s; the other worker's trial trains or tests
+    flag = tmp_path / "testing"
+    argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2",
+                    "--trainer.callbacks+=probes.SlowTest", f"--trainer.callbacks.flag={flag}",
+                    "--trainer.callbacks.seconds=3"], mnist_dir)
     proc = start(argv, tmp_path)
     while not flag.exists():
         assert proc.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
@@ -297,11 +212,9 @@ def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_ag
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     assert last_line(tmp_path).startswith(
-        "sweep.py: stopped by SIGTERM with 0 trials complete or pruned; the same"
-    )
-    stopped = states(
-        tmp_path
-    )  # each trial begun (the second worker may still have been starting), and its retry
+        "sweep.py: stopped by SIGTERM with 0 trials complete or pruned; the same")
+    # each trial begun (the second worker may still have been starting), and its retry
+    stopped = states(tmp_path)
     assert set(stopped) == {"FAIL", "WAITING"} and stopped.count("FAIL") == stopped.count("WAITING")
     again(argv, tmp_path)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
@@ -310,50 +223,39 @@ def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_ag
 def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_dir, tmp_path):
     import psutil
 
-    argv = command(
-        ["--grid", "model.lr=0.005,0.02", "--parallel", "2", "--trainer.max_epochs", "10"],
-        mnist_dir,
-    )
+    argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2",
+                    "--trainer.max_epochs", "10"], mnist_dir)
     proc = start(argv, tmp_path)
     wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 1, proc)
-    children = psutil.Process(proc.pid).children(
-        recursive=True
-    )  # the workers, and multiprocessing's tracker
+    # the workers, and multiprocessing's tracker
+    children = psutil.Process(proc.pid).children(recursive=True)
     assert len(children) >= 2
     proc.kill()  # the sweep alone
     proc.wait(timeout=60)
     assert not psutil.wait_procs(children, timeout=60)[1], "a worker outlived its sweep"
-    assert "RUNNING" not in states(
-        tmp_path
-    )  # each stopped after its step, its trial waiting to run again
+    # each stopped after its step, its trial waiting to run again
+    assert "RUNNING" not in states(tmp_path)
     again(argv, tmp_path)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
 @pytest.mark.parametrize("how", ["--grid", "--space"])
-def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_stop(
-    how, mnist_dir, tmp_path
-):
+def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_stop(how, mnist_dir,
+                                                                                  tmp_path):
     import psutil
 
     (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n")
-    sweep_args = (
-        ["--grid", "model.lr=0.005,0.02"]
-        if how == "--grid"
-        else ["--space", "space.yaml", "--trials", "3"]
-    )
-    argv = command(
-        [*sweep_args, "--parallel", "2", "--heartbeat", "1", "--trainer.max_epochs", "10"],
-        mnist_dir,
-    )
+    sweep_args = (["--grid", "model.lr=0.005,0.02"] if how == "--grid"
+                  else ["--space", "space.yaml", "--trials", "3"])
+    argv = command([*sweep_args, "--parallel", "2", "--heartbeat", "1",
+                    "--trainer.max_epochs", "10"], mnist_dir)
     proc = start(argv, tmp_path)
     wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 2, proc)  # both workers mid-trial
     for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
         p.kill()  # as a lost machine, or kill -9 of them all
     proc.wait(timeout=60)
-    killed = states(tmp_path).count(
-        "RUNNING"
-    )  # until another process sees that their heartbeats stopped
+    # until another process sees that their heartbeats stopped
+    killed = states(tmp_path).count("RUNNING")
     assert killed >= 1
     again(argv, tmp_path)
     if how == "--grid":
@@ -362,9 +264,8 @@ def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_sto
         trials = study(tmp_path).get_trials()
         assert [t.state.name for t in trials].count("FAIL") == killed
         done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-        assert (
-            len(done) == 3 and len({t.params["model.lr"] for t in done}) == 3
-        )  # no setting sampled twice
+        # no setting sampled twice
+        assert len(done) == 3 and len({t.params["model.lr"] for t in done}) == 3
         assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED", "FAIL"}
         for t in trials:
             if "failed_trial" in t.system_attrs:
@@ -374,24 +275,12 @@ def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_sto
 def test_a_worker_killed_mid_trial_has_its_trial_run_again_by_the_other(mnist_dir, tmp_path):
     import psutil
 
-    argv = command(
-        [
-            "--grid",
-            "model.lr=0.005,0.01,0.02",
-            "--parallel",
-            "2",
-            "--heartbeat",
-            "1",
-            "--trainer.max_epochs",
-            "20",
-        ],
-        mnist_dir,
-    )
+    argv = command(["--grid", "model.lr=0.005,0.01,0.02", "--parallel", "2", "--heartbeat", "1",
+                    "--trainer.max_epochs", "20"], mnist_dir)
     proc = start(argv, tmp_path)
     wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 2, proc)  # both workers mid-trial
-    next(
-        p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())
-    ).kill()
+    next(p for p in psutil.Process(proc.pid).children()
+         if "spawn_main" in " ".join(p.cmdline())).kill()
     assert proc.wait(timeout=180) == 0, (tmp_path / "err.txt").read_text()[-3000:]
     trials = each_setting_complete_once(tmp_path, [0.005, 0.01, 0.02])
     assert [t.state.name for t in trials].count("FAIL") == 1
@@ -402,20 +291,17 @@ def test_a_sweep_whose_only_worker_is_killed_says_so_in_one_line(mnist_dir, tmp_
 
     proc = start(command(["--trainer.max_epochs", "20"], mnist_dir), tmp_path)
     wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 1, proc)
-    next(
-        p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())
-    ).kill()
+    next(p for p in psutil.Process(proc.pid).children()
+         if "spawn_main" in " ".join(p.cmdline())).kill()
     assert proc.wait(timeout=120) == 1
-    assert last_line(tmp_path) == (
-        "sweep.py: stopped with 0 trials complete or pruned; the same command goes on "
-        "with the study"
-    )
+    assert last_line(tmp_path) == ("sweep.py: stopped with 0 trials complete or pruned; "
+                                   "the same command goes on with the study")
     assert states(tmp_path) == ["RUNNING"]  # until its heartbeat is three intervals old
 
 
 def test_lightning_calls_the_sigterm_handler_it_finds(tmp_path):
-    """The contract that a worker's SIGTERM handler leans on (docs/design.md): a Trainer's run
-    calls it too."""
+    """The contract that a worker's SIGTERM handler leans on (docs/design.md): a Trainer's run calls
+    it too."""
     import lightning as L
     from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -427,15 +313,9 @@ def test_lightning_calls_the_sigterm_handler_it_finds(tmp_path):
     heard = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
     try:
-        trainer = L.Trainer(
-            max_steps=10,
-            callbacks=[Term()],
-            default_root_dir=tmp_path,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
+        trainer = L.Trainer(max_steps=10, callbacks=[Term()], default_root_dir=tmp_path,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False)
         with pytest.raises(SystemExit):  # Lightning's SIGTERMException, after the step
             trainer.fit(BoringModel())
     finally:

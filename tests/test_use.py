@@ -30,11 +30,8 @@ def test_test_from_a_checkpoint_gives_the_training_runs_test_accuracy(spec, in_r
     assert f"test/acc {first['test/acc']:.4f}" in capsys.readouterr().out
     tests = (in_run.run / "test").glob("version_*")  # inside the run it tested, not a new run
     record = json.loads((max(tests, key=lambda r: r.stat().st_mtime) / "results.json").read_text())
-    assert (
-        record["stage"] == "test"
-        and record["test/acc"] == first["test/acc"]
-        and runs(in_run.cwd) == [in_run.run]
-    )
+    assert (record["stage"] == "test" and record["test/acc"] == first["test/acc"]
+            and runs(in_run.cwd) == [in_run.run])
     assert record["checkpoint"] == first["checkpoint"]
 
 
@@ -73,9 +70,8 @@ def write_digits(folder, data) -> list[int]:
         elif i % 3 == 1:
             Image.fromarray(image.astype(np.uint16) * 257).save(folder / f"{i:02d}-16bit.png")
         else:  # ink as opacity over transparent black: over white, 255 - v
-            Image.fromarray(np.stack([np.zeros_like(image), 255 - image], -1), "LA").save(
-                folder / f"{i:02d}-la.png"
-            )
+            Image.fromarray(np.stack([np.zeros_like(image), 255 - image], -1),
+                            "LA").save(folder / f"{i:02d}-la.png")
     return labels[:30].tolist()
 
 
@@ -84,135 +80,81 @@ def test_predict_files_reads_them_as_training_does(in_run, tmp_path, capsys):
     write_digits(tmp_path / "digits", in_run.data)
     (tmp_path / "digits" / "broken.png").write_bytes(b"not a png")
     out_file = tmp_path / "out.csv"
-    assert (
-        run_train(
-            [
-                "predict",
-                "--ckpt_path",
-                "best",
-                "--inputs",
-                str(tmp_path / "digits"),
-                "--output",
-                str(out_file),
-            ]
-        )
-        == 0
-    )
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "digits"),
+                      "--output", str(out_file)]) == 0
     out, err = capsys.readouterr()
     assert "broken.png: cannot read it" in err and "1 unreadable skipped" in out
     rows = {r["path"]: r for r in csv.DictReader(out_file.open())}
     assert len(rows) == 30
     model = ImageClassifier.load_from_checkpoint(
-        json.loads((in_run.run / "results.json").read_text())["checkpoint"]
-    )
+        json.loads((in_run.run / "results.json").read_text())["checkpoint"])
     from datamodules import MNISTDataModule
 
     images = MNISTDataModule(str(in_run.data)).read("test")[0][:30]
     expected = model.classify(images).argmax(1).tolist()
-    predicted = [
-        model.class_names.index(rows[str(p)]["label"])
-        for p in sorted((tmp_path / "digits").glob("*.png"))
-        if p.name != "broken.png"
-    ]
+    predicted = [model.class_names.index(rows[str(p)]["label"])
+                 for p in sorted((tmp_path / "digits").glob("*.png")) if p.name != "broken.png"]
     assert predicted == expected  # 16-bit and transparent files read as the 8-bit originals
 
 
 def test_predict_globs_and_files_and_what_matches_nothing(in_run, tmp_path, capsys):
     write_digits(tmp_path / "digits", in_run.data)
-    assert (
-        run_train(
-            [
-                "predict",
-                "--ckpt_path",
-                "best",
-                "--inputs",
-                str(tmp_path / "digits" / "0*.png"),
-                str(tmp_path / "digits" / "10-16bit.png"),
-                "--output",
-                str(tmp_path / "o.csv"),
-            ]
-        )
-        == 0
-    )
+    assert run_train(["predict", "--ckpt_path", "best",
+                      "--inputs", str(tmp_path / "digits" / "0*.png"),
+                      str(tmp_path / "digits" / "10-16bit.png"),
+                      "--output", str(tmp_path / "o.csv")]) == 0
     assert len((tmp_path / "o.csv").read_text().splitlines()) == 1 + 10 + 1
-    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "nothing")]) == 1
+    assert run_train(["predict", "--ckpt_path", "best",
+                      "--inputs", str(tmp_path / "nothing")]) == 1
     assert "--inputs" in capsys.readouterr().err
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.png").write_bytes(b"x")
-    assert (
-        run_train(
-            [
-                "predict",
-                "--ckpt_path",
-                "best",
-                "--inputs",
-                str(tmp_path / "bad"),
-                "--output",
-                str(tmp_path / "bad.csv"),
-            ]
-        )
-        == 1
-    )
-    assert (
-        "none of the 1 images could be read" in capsys.readouterr().err
-        and not (tmp_path / "bad.csv").exists()
-    )
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "bad"),
+                      "--output", str(tmp_path / "bad.csv")]) == 1
+    assert ("none of the 1 images could be read" in capsys.readouterr().err
+            and not (tmp_path / "bad.csv").exists())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript", "pt2"])
 def test_export_round_trips_without_the_project(fmt, in_run, tmp_path, capsys):
     target = tmp_path / f"model.{fmt}"
-    assert (
-        run_train(["export", "--ckpt_path", "best", "--format", fmt, "--output", str(target)]) == 0
-    )
-    assert (
-        "200 of 200 top classes the same" in capsys.readouterr().out
-    )  # the tiny test split's every image
+    assert run_train(["export", "--ckpt_path", "best", "--format", fmt,
+                      "--output", str(target)]) == 0
+    # the tiny test split's every image
+    assert "200 of 200 top classes the same" in capsys.readouterr().out
     from datamodules import MNISTDataModule
 
     images = MNISTDataModule(str(in_run.data)).read("test")[0][:40].numpy()
     np.save(tmp_path / "x.npy", images)
-    load = {
-        "onnx": "import onnxruntime as o; s = o.InferenceSession(p); "
-        "y = s.run(None, {'images': x})[0]",
-        "torchscript": "import torch; y = torch.jit.load(p)(torch.from_numpy(x)).detach().numpy()",
-        "pt2": "import torch; "
-        "y = torch.export.load(p).module()(torch.from_numpy(x)).detach().numpy()",
-    }[fmt]
-    code = (
-        f"import numpy as np; x = np.load('{tmp_path}/x.npy'); p = '{target}'; {load}; "
-        f"print(y.argmax(1).tolist())"
-    )
-    served = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
-    )  # no project
+    load = {"onnx": "import onnxruntime as o; s = o.InferenceSession(p); "
+                    "y = s.run(None, {'images': x})[0]",
+            "torchscript": "import torch; "
+                           "y = torch.jit.load(p)(torch.from_numpy(x)).detach().numpy()",
+            "pt2": "import torch; "
+                   "y = torch.export.load(p).module()(torch.from_numpy(x)).detach().numpy()"}[fmt]
+    code = (f"import numpy as np; x = np.load('{tmp_path}/x.npy'); p = '{target}'; {load}; "
+            f"print(y.argmax(1).tolist())")
+    # no project
+    served = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True)
     assert served.returncode == 0, served.stderr[-1000:]
     model = ImageClassifier.load_from_checkpoint(
-        json.loads((in_run.run / "results.json").read_text())["checkpoint"]
-    )
+        json.loads((in_run.run / "results.json").read_text())["checkpoint"])
     assert served.stdout.strip() == str(model.classify(torch.from_numpy(images)).argmax(1).tolist())
 
 
-@pytest.mark.parametrize(
-    "problem, code, message",
-    [
-        ("missing", 2, "no such checkpoint file"),
-        ("truncated", 1, "cannot be read; it may be truncated"),
-        ("not a checkpoint", 1, "not a checkpoint of an ImageClassifier"),
-        (
-            "a key deleted",
-            1,
-            "weights do not fit this model (mlp for 10 classes of (1, 28, 28) images): "
-            "net.fc2.bias",
-        ),
-        ("network changed", 1, "missing, unexpected or of another shape"),
-    ],
-)
+@pytest.mark.parametrize("problem, code, message", [
+    ("missing", 2, "no such checkpoint file"),
+    ("truncated", 1, "cannot be read; it may be truncated"),
+    ("not a checkpoint", 1, "not a checkpoint of an ImageClassifier"),
+    ("a key deleted", 1,
+     "weights do not fit this model (mlp for 10 classes of (1, 28, 28) images): net.fc2.bias"),
+    ("network changed", 1, "missing, unexpected or of another shape"),
+])
 @pytest.mark.parametrize("command", ["test", "predict", "export"])
-def test_bad_checkpoints_fail_in_one_line(
-    problem, code, message, command, in_run, tmp_path, capsys
-):
+def test_bad_checkpoints_fail_in_one_line(problem, code, message, command, in_run, tmp_path,
+                                          capsys):
     path = tmp_path / "bad.ckpt"
     original = json.loads((in_run.run / "results.json").read_text())["checkpoint"]
     if problem == "truncated":
@@ -224,17 +166,14 @@ def test_bad_checkpoints_fail_in_one_line(
         if problem == "a key deleted":
             del checkpoint["state_dict"]["net.fc2.bias"]
         else:
-            checkpoint["hyper_parameters"]["net"] = {
-                "class_path": "lit_models.TutorialCNN",
-                "init_args": {},
-            }
+            checkpoint["hyper_parameters"]["net"] = {"class_path": "lit_models.TutorialCNN",
+                                                     "init_args": {}}
             checkpoint["hyper_parameters"]["image_shape"] = [1, 32, 32]
         torch.save(checkpoint, path)
     assert run_train([command, "--ckpt_path", str(path)]) == code
     err = capsys.readouterr().err
-    assert (
-        "Traceback" not in err and message in err.strip().splitlines()[-1]
-    )  # Lightning's own INFO lines before
+    # Lightning's own INFO lines before
+    assert "Traceback" not in err and message in err.strip().splitlines()[-1]
 
 
 def test_use_commands_need_a_checkpoint_and_know_their_options(in_run, capsys):
@@ -250,9 +189,8 @@ def test_use_commands_need_a_checkpoint_and_know_their_options(in_run, capsys):
 def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path):
     moved = tmp_path / "moved.ckpt"
     shutil.copy(json.loads((in_run.run / "results.json").read_text())["checkpoint"], moved)
-    proc = run_process(
-        ["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)], cwd=tmp_path
-    )
+    proc = run_process(["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)],
+                       cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-1000:]
     assert "mlp on mnist: test/acc" in proc.stdout
 
@@ -261,24 +199,11 @@ def test_an_explicit_output_is_replaced_only_by_a_whole_file(in_run, tmp_path, c
     mine = tmp_path / "mine.csv"
     mine.write_text("kept\n")
     (tmp_path / "notes.png").write_text("not an image")
-    assert (
-        run_train(
-            [
-                "predict",
-                "--ckpt_path",
-                "best",
-                "--inputs",
-                str(tmp_path / "notes.png"),
-                "--output",
-                str(mine),
-            ]
-        )
-        == 1
-    )
+    assert run_train(["predict", "--ckpt_path", "best", "--inputs", str(tmp_path / "notes.png"),
+                      "--output", str(mine)]) == 1
     assert "nothing written" in capsys.readouterr().err and mine.read_text() == "kept\n"
-    assert (
-        run_train(["predict", "--ckpt_path", "best", "--output", str(mine)]) == 0
-    )  # asked for: replaced
+    # asked for: replaced
+    assert run_train(["predict", "--ckpt_path", "best", "--output", str(mine)]) == 0
     assert len(mine.read_text().splitlines()) == 201 and not list(tmp_path.glob("*.tmp*"))
 
 
@@ -290,12 +215,9 @@ def test_a_model_option_given_to_a_use_command_is_what_runs(in_run):
 
     assert run_train(["test", "--ckpt_path", "best", "--model.flip_test", "true"]) == 0
     test_run = max((in_run.run / "test").glob("version_*"), key=lambda r: r.stat().st_mtime)
-    assert (
-        yaml.safe_load((test_run / "config.yaml").read_text())["model"]["init_args"]["flip_test"]
-        is True
-    )
+    assert yaml.safe_load(
+        (test_run / "config.yaml").read_text())["model"]["init_args"]["flip_test"] is True
     assert yaml.safe_load((test_run / "hparams.yaml").read_text())["flip_test"] is True
-    trained = yaml.safe_load((in_run.run / "config.yaml").read_text())["model"]["init_args"][
-        "flip_test"
-    ]
+    trained = yaml.safe_load(
+        (in_run.run / "config.yaml").read_text())["model"]["init_args"]["flip_test"]
     assert trained is False  # the run itself tested without flips

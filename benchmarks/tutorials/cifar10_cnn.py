@@ -5,8 +5,8 @@ measured against.
 
 DATA_DIR is a `--data.data_dir` of train.py: it holds torchvision's `cifar-10-batches-py/`
 (downloaded there if missing). Batch 4, SGD lr 0.001 momentum 0.9, 2 epochs, PIL transforms in a
-2-worker DataLoader, the GPU if there is one. Prints the tutorial's loss lines, then `RESULT ...
-train_s=... test_acc=...`.
+2-worker DataLoader, the GPU if there is one. Prints the tutorial's loss lines, then
+`RESULT ... train_s=... test_acc=...`.
 """
 
 import sys
@@ -40,23 +40,19 @@ class Net(nn.Module):
 
 
 if __name__ == "__main__":
-    seed = (
-        int(sys.argv.pop(sys.argv.index("--seed") + 1)) if "--seed" in sys.argv else 0
-    )  # the benchmark's repeats
+    # the benchmark's repeats
+    seed = int(sys.argv.pop(sys.argv.index("--seed") + 1)) if "--seed" in sys.argv else 0
     sys.argv = [a for a in sys.argv if a != "--seed"]
     root, epochs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    transform = transforms.Compose(
-        [transforms.ToTensor(), transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))]
-    )
-    trainset = torchvision.datasets.CIFAR10(
-        root=root, train=True, download=True, transform=transform
-    )
+    transform = transforms.Compose([transforms.ToTensor(),
+                                    transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+    trainset = torchvision.datasets.CIFAR10(root=root, train=True, download=True,
+                                            transform=transform)
     trainloader = torch.utils.data.DataLoader(trainset, batch_size=4, shuffle=True, num_workers=2)
-    testset = torchvision.datasets.CIFAR10(
-        root=root, train=False, download=True, transform=transform
-    )
+    testset = torchvision.datasets.CIFAR10(root=root, train=False, download=True,
+                                           transform=transform)
     testloader = torch.utils.data.DataLoader(testset, batch_size=4, shuffle=False, num_workers=2)
     net = Net().to(device)
     criterion = nn.CrossEntropyLoss()
@@ -80,6 +76,5 @@ if __name__ == "__main__":
         for images, labels in testloader:
             correct += (net(images.to(device)).argmax(1).cpu() == labels).sum().item()
             total += len(labels)
-    print(
-        f"RESULT tutorial_cnn epochs={epochs} train_s={train_s:.1f} test_acc={correct / total:.4f}"
-    )
+    print(f"RESULT tutorial_cnn epochs={epochs} train_s={train_s:.1f} "
+          f"test_acc={correct / total:.4f}")

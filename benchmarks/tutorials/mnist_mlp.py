@@ -4,9 +4,9 @@ against.
     python benchmarks/tutorials/mnist_mlp.py DATA_DIR [MNIST|FashionMNIST] [EPOCHS] [--seed N]
 
 DATA_DIR is a `--data.data_dir` of train.py: it holds torchvision's `MNIST/raw/` or
-`FashionMNIST/raw/` (downloaded there if missing). MLP 784-128-10, Adam lr 0.001, batch 64, 10
-epochs, the GPU if there is one. Prints the tutorial's loss lines, then `RESULT ... train_s=...
-test_acc=...`.
+`FashionMNIST/raw/` (downloaded there if missing). MLP 784-128-10, Adam lr 0.001, batch 64,
+10 epochs, the GPU if there is one. Prints the tutorial's loss lines, then
+`RESULT ... train_s=... test_acc=...`.
 """
 
 import sys
@@ -29,9 +29,8 @@ class MLP(nn.Module):
 
 
 if __name__ == "__main__":
-    seed = (
-        int(sys.argv.pop(sys.argv.index("--seed") + 1)) if "--seed" in sys.argv else 0
-    )  # the benchmark's repeats
+    # the benchmark's repeats
+    seed = int(sys.argv.pop(sys.argv.index("--seed") + 1)) if "--seed" in sys.argv else 0
     sys.argv = [a for a in sys.argv if a != "--seed"]
     root = sys.argv[1]
     name = sys.argv[2] if len(sys.argv) > 2 else "MNIST"
@@ -40,11 +39,9 @@ if __name__ == "__main__":
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])
     dataset = getattr(datasets, name)
     train_loader = torch.utils.data.DataLoader(
-        dataset(root, train=True, download=True, transform=transform), batch_size=64, shuffle=True
-    )
+        dataset(root, train=True, download=True, transform=transform), batch_size=64, shuffle=True)
     test_loader = torch.utils.data.DataLoader(
-        dataset(root, train=False, download=True, transform=transform), batch_size=1000
-    )
+        dataset(root, train=False, download=True, transform=transform), batch_size=1000)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = MLP(784, 128, 10).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.001)
@@ -65,7 +62,5 @@ if __name__ == "__main__":
         for x, y in test_loader:
             correct += (model(x.view(x.size(0), -1).to(device)).argmax(1).cpu() == y).sum().item()
             total += len(y)
-    print(
-        f"RESULT tutorial_mlp data={name} epochs={epochs} train_s={train_s:.1f} "
-        f"test_acc={correct / total:.4f}"
-    )
+    print(f"RESULT tutorial_mlp data={name} epochs={epochs} train_s={train_s:.1f} "
+          f"test_acc={correct / total:.4f}")
