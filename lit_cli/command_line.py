@@ -4,6 +4,7 @@ LightningCLI takes subcommands, class paths and `--config FILE`; these are the f
 do by itself, and the one place where train.py reads its command line before LightningCLI does.
 """
 
+import importlib.util
 import itertools
 import json
 import os
@@ -19,7 +20,18 @@ from lit_cli import runs
 from lit_cli.errors import UsageError
 from lit_models import NETWORKS
 
-RECIPES = Path(__file__).resolve().parent.parent / "configs"
+
+def recipes_folder() -> Path:
+    """configs/ of a checkout (beside train.py), or of the installed package lit_image_classifiers
+    (pyproject.toml installs train.py and configs/ as that package)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "train.py").is_file():
+        return checkout / "configs"
+    package = importlib.util.find_spec("lit_image_classifiers")
+    return Path(package.submodule_search_locations[0], "configs")
+
+
+RECIPES = recipes_folder()
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
 DEFAULT_RECIPE = "cnn"
 
@@ -53,6 +65,8 @@ def expand(argv: list[str]) -> list[str]:
     """
     subcommand, args = split_subcommand(argv)
     given_recipes, args = written_out(args)
+    for config in configs(args):
+        check_text(config)
     spec = runs.option(args, "--ckpt_path")[0]
     configured = bool(given_recipes) or bool(configs(args)) or any_model(args)
     if spec is not None:
@@ -151,6 +165,18 @@ def configs(args: list[str]) -> list[str]:
     """The files `--config` (or `-c`) names."""
     found = [b for a, b in zip(args, args[1:]) if a in ("--config", "-c")]
     return found + [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-c="))]
+
+
+def check_text(config: str) -> None:
+    """A UsageError for a `--config` that is not a text file (jsonargparse's reader would end in a
+    UnicodeDecodeError's traceback); a missing one jsonargparse names itself."""
+    try:
+        Path(config).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--config {config}: not a YAML or JSON text file ({e.reason} at byte "
+                         f"{e.start})") from None
+    except OSError:
+        return
 
 
 def sets_model(config: str) -> bool:
