@@ -110,7 +110,7 @@ def read_space(path: str) -> dict:
     """The ranges and lists of a `--space` file, checked."""
     try:
         space = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UsageError(f"--space {path}: cannot read it as YAML ({e})") from None
     if not is_space(space):
         message = "a mapping of train.py options to {low, high} or lists"

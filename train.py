@@ -23,6 +23,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from datamodules import ImageDataModule
 from lit_cli import command_line, defaults, errors, model_options, record, runs, signals
 from lit_cli.errors import UsageError
 from lit_cli.trainer import Trainer
@@ -51,7 +52,9 @@ class TrainCLI(LightningCLI):
                  run: bool = True):
         self.ctrl_c, self.fitted, self.best, self.results = signals.CtrlC(), False, None, {}
         self.runs_subcommand = run
-        usage = {"usage": command_line.usage(), "description": __doc__.split("\n")[0]}
+        # jsonargparse's errors raised, not printed with a usage: main() says them in its words.
+        usage = {"usage": command_line.usage(), "description": __doc__.split("\n")[0],
+                 "exit_on_error": False}
         try:
             super().__init__(
                 ImageClassifier, subclass_mode_model=True, subclass_mode_data=True,
@@ -59,7 +62,8 @@ class TrainCLI(LightningCLI):
                 trainer_defaults={"max_epochs": 30, "benchmark": True,
                                   "callbacks": callbacks or []},
                 seed_everything_default=0, auto_configure_optimizers=False,
-                parser_kwargs={subcommand: usage for subcommand in self.subcommands()})
+                save_config_kwargs={"save_to_log_dir": False},
+                parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
         except SIGTERMException:  # a SystemExit without a code, which would exit 0
             raise signals.stopped(self, self.ctrl_c) from None
         finally:
@@ -117,6 +121,12 @@ class TrainCLI(LightningCLI):
         if self.subcommand not in (None, "fit") and self.trainer.world_size > 1:
             raise UsageError(f"{self.subcommand} runs in one process: leave out "
                              f"--trainer.devices/num_nodes/strategy")
+        shards_itself = isinstance(self.datamodule, ImageDataModule) and self.trainer.world_size > 1
+        if shards_itself and self.given.trainer.use_distributed_sampler is False:
+            raise UsageError("--trainer.use_distributed_sampler false: the data modules share "
+                             "their batches among the processes themselves, as Lightning's "
+                             "DistributedSampler would; leave it true")
+        defaults.default_logger(self.trainer, self.given.trainer.logger)
         if type(self.trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's plugin
             self.trainer.strategy.checkpoint_io = WholeCheckpointIO()
         self.checkpoint = None

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from lit_models import LastCheckpoint, TimedProgressBar
 from lit_models.networks import import_class
@@ -104,3 +106,13 @@ def class_defaults(class_path: str) -> dict:
     """The default values of a class's arguments."""
     parameters = inspect.signature(import_class(class_path)).parameters.items()
     return {name: p.default for name, p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def default_logger(trainer, given) -> None:
+    """Lightning's default logger (`given` None or true), made again as Lightning makes it but
+    without the -1 `hp_metric` it logs when a run starts: that point bends TensorBoard's smoothed
+    curve of the real one (val/acc_best, at each validation)."""
+    if given not in (None, True) or not isinstance(trainer.logger, TensorBoardLogger):
+        return
+    trainer.logger = TensorBoardLogger(save_dir=trainer.default_root_dir, default_hp_metric=False,
+                                       version=SLURMEnvironment.job_id())

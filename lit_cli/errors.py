@@ -3,6 +3,7 @@ checkpoint or the run, 130 and 143 for Ctrl-C and SIGTERM."""
 
 import sys
 import traceback
+from argparse import ArgumentError
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -43,6 +44,8 @@ def known(e: BaseException) -> tuple[int, str] | None:
     """The exit code and line for one error, if it is one a user can act on."""
     if isinstance(e, Stopped):
         return e.exit_code, str(e)
+    if isinstance(e, ArgumentError):  # jsonargparse's: the command line's, in its own words
+        return 2, not_found(e) or str(e)
     for kind, code in EXIT_CODES.items():
         if isinstance(e, kind):
             return code, str(e)
@@ -59,6 +62,19 @@ def known(e: BaseException) -> tuple[int, str] | None:
     if isinstance(e, OSError) and e.strerror:
         return 1, f"{e.strerror}: {e.filename or ''}"
     return None
+
+
+def not_found(error: ArgumentError) -> str | None:
+    """What to say of a class path that names a module Python cannot find, among the causes of
+    jsonargparse's error (it lists what each alternative of a type said, at length)."""
+    e = error
+    while e is not None and not isinstance(e, ModuleNotFoundError):
+        e = e.__cause__ or e.__context__
+    if e is None or not e.name:
+        return None
+    return (f"no module named '{e.name}': a module of your own is found on the PYTHONPATH "
+            f"(PYTHONPATH=. python train.py ..., where {e.name}.py lies in .), and an "
+            f"installed package's class by its import path")
 
 
 def exit_code(error: BaseException, verbose: bool = False) -> int:

@@ -244,16 +244,23 @@ def logger_in(config: Path, **where) -> str | None:
         spec = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
     if not spec["class_path"].endswith(("TensorBoardLogger", "CSVLogger")):
         return None
-    given = {key: str(value) for key, value in where.items() if value is not None}
-    init = {**(spec.get("init_args") or {}), **given}
+    given = {key: value if value is None else str(value) for key, value in where.items()}
+    init = {**(spec.get("init_args") or {}), **given}  # version None: the next free one
     return json.dumps({"class_path": spec["class_path"], "init_args": init})
 
 
 def log_dir(trainer) -> str | None:
-    """The run's folder, where a logger made one."""
+    """The run's own folder, where a logger made one: TensorBoard's and CSV's `log_dir`; for a
+    logger that keeps its runs elsewhere (MLflow, Weights & Biases), `save_dir/name/version`, where
+    Lightning puts the run's checkpoints (and MLflow's file store the run itself). Lightning's
+    `trainer.log_dir` is such a logger's save_dir, which every run would share."""
     if not trainer.loggers:
         return None
-    return trainer.log_dir
+    logger = trainer.loggers[0]
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return trainer.log_dir  # (on every process: Lightning broadcasts it)
+    save_dir = logger.save_dir or trainer.default_root_dir
+    return str(Path(save_dir, str(logger.name), str(logger.version)).absolute())
 
 
 def claim_version(logger) -> None:
@@ -273,19 +280,40 @@ def claim_version(logger) -> None:
 
 
 class SaveConfig(SaveConfigCallback):
-    """LightningCLI's config.yaml, in a run's folder: none without a logger (predict, export,
-    `--trainer.logger false`), where every run would share one. A resumed fit that goes on in its
-    own folder (a --ckpt_path, or SLURM's requeue, where Lightning resumes its own checkpoint)
-    saves its configuration beside the first, as config-resumed.yaml."""
+    """LightningCLI's config.yaml in the run's own folder (log_dir), none without a logger (predict,
+    export, `--trainer.logger false`), where every run would share one. A resumed fit that goes on
+    in its own folder (a --ckpt_path, or SLURM's requeue, where Lightning resumes its own
+    checkpoint) saves its configuration beside the first, as config-resumed.yaml; another run in a
+    folder that holds one is refused in one line. LightningCLI gives it `save_to_log_dir=False`:
+    it saves in `save_config`, its documented extension point."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if not trainer.loggers:
+        if self.already_saved or not trainer.loggers:
             return
+        self.folder = log_dir(trainer)
+        taken = trainer.is_global_zero and Path(self.folder, self.config_filename).is_file()
         resumed = bool(self.config.get("ckpt_path")) or requeued()
-        if stage == "fit" and resumed and trainer.log_dir is not None:
-            if Path(trainer.log_dir, self.config_filename).is_file():
-                self.config_filename, self.overwrite = "config-resumed.yaml", True
+        if taken and stage == "fit" and resumed:
+            self.config_filename, self.overwrite, taken = "config-resumed.yaml", True, False
+        if trainer.strategy.broadcast(taken):  # on every process, so that all of them stop
+            raise UsageError(f"{Path(self.folder, self.config_filename)} exists: the logger's run "
+                             f"folder holds another run; give the logger a version of its own "
+                             f"(--trainer.logger.version ...), or leave it to pick one")
         super().setup(trainer, pl_module, stage)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # A learning-rate finder (a tuner callback: Lightning runs it first) set the rate that runs.
+        model = self.config.model.init_args
+        found = pl_module.hparams.get("lr")
+        if self.already_saved and trainer.is_global_zero and model.get("lr") != found:
+            model.lr, self.overwrite = found, True
+            self.save_config(trainer, pl_module, "fit")
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        target = str(Path(self.folder, self.config_filename))
+        self.parser.save(self.config, target, skip_none=False, overwrite=self.overwrite,
+                         multifile=self.multifile)
 
 
 def requeued() -> bool:

@@ -1,12 +1,13 @@
 """What the model refuses, and why: ModelError, and the checks of ImageClassifier's arguments, data,
-batches, weights, checkpoints and callbacks that raise it. Each is a function of what it checks,
-so that the model's hooks read as what they do."""
+batches, weights, checkpoints and callbacks that raise it (and the one state it mends instead).
+Each is a function of what it checks, so that the model's hooks read as what they do."""
 
 import math
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BaseFinetuning, BatchSizeFinder, StochasticWeightAveraging
+from torchmetrics import Metric
 
 
 class ModelError(RuntimeError):
@@ -146,12 +147,14 @@ def check_finite(net: torch.nn.Module, epoch: int, step: int) -> None:
                          f"no checkpoint holds them. Try a lower learning rate (--model.lr)")
 
 
-def check_weights(model, weights: dict) -> None:
-    """A ModelError naming the `weights` that are NaN or infinite, or missing, unexpected or of
-    another shape than those of `model` (an ImageClassifier)."""
+def check_weights(model, weights: dict, strict: bool = True) -> None:
+    """A ModelError naming the `weights` that are NaN or infinite, or of another shape than those of
+    `model` (an ImageClassifier), or (`strict`) missing or unexpected."""
     ours = model.state_dict()
     shared = ours.keys() & weights.keys()
-    wrong = sorted(ours.keys() ^ weights.keys())
+    wrong = []
+    if strict:
+        wrong = sorted(ours.keys() ^ weights.keys())
     wrong += [k for k in shared if ours[k].shape != weights[k].shape]
     damaged = [k for k, v in weights.items() if is_damaged(k, v)]
     if damaged:
@@ -196,3 +199,14 @@ def stopped_mid_epoch(checkpoint: dict) -> bool:
     epochs = fit.get("epoch_progress", {}).get("total", {})
     batches = fit.get("epoch_loop.batch_progress", {}).get("current", {})
     return epochs.get("processed", 0) < epochs.get("started", 0) and batches.get("completed", 0) > 0
+
+
+def outside_inference_mode(model: L.LightningModule) -> None:
+    """Normal copies of the metrics' states that a validation or test (Lightning runs them in
+    torch's inference mode) left as inference tensors, which training may not update in place."""
+    for metric in model.modules():
+        if not isinstance(metric, Metric):
+            continue
+        for name, value in metric.metric_state.items():
+            if isinstance(value, torch.Tensor) and value.is_inference():
+                setattr(metric, name, value.clone())

@@ -62,8 +62,7 @@ class ImageClassifier(L.LightningModule):
             classes survive a flip.
         channels_last: the NHWC memory layout for convolutional networks (faster on GPUs and CPUs
             alike).
-        compile: `torch.compile` the network: true, or a mode ("reduce-overhead": CUDA graphs,
-            "max-autotune").
+        compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
 
     def __init__(self, net: Optional[parts.NetworkCallable] = None,
@@ -258,19 +257,11 @@ class ImageClassifier(L.LightningModule):
         return F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
 
     def mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """torchvision's MixUp or CutMix of a batch (as floats on the 0..255 scale) and its labels
-        as class probabilities; the mixing weights a function of the seed and the step, so that a
-        resumed run mixes as an uninterrupted one does."""
-        from torchvision.transforms import v2
-
+        """torchvision's MixUp or CutMix of a batch and its labels (parts.mixed), seeded by the
+        seed, the step and the rank: a resumed run mixes as an uninterrupted one does."""
+        seed = mix_seed(torch.initial_seed(), self.global_step, self.global_rank)
         hp = self.hparams
-        alphas = ((hp.mixup, v2.MixUp), (hp.cutmix, v2.CutMix))
-        mixes = [transform(alpha=alpha, num_classes=hp.num_classes)
-                 for alpha, transform in alphas if alpha > 0]
-        # torchvision draws from the CPU's generator: no device sync.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(mix_seed(torch.initial_seed(), self.global_step, self.global_rank))
-            return v2.RandomChoice(mixes)(images.float(), labels)
+        return parts.mixed(images, labels, hp.mixup, hp.cutmix, hp.num_classes, seed)
 
     def training_step(self, batch, batch_idx):
         """The training loss of a batch; its sums join the window that `logs_at` logs."""
@@ -315,8 +306,9 @@ class ImageClassifier(L.LightningModule):
         checkpoint["train_window"] = [*self.train_window.tolist(), self.window_images]
 
     def on_load_checkpoint(self, checkpoint):
-        # Before Lightning loads them, strictly.
-        self.check_weights(checkpoint.get("state_dict", {}))
+        # Before Lightning loads them: their shapes and values (missing and unexpected ones are
+        # Lightning's to refuse or allow: `load_from_checkpoint(strict=False)`).
+        checks.check_weights(self, checkpoint.get("state_dict", {}), strict=False)
         *window, self.window_images = checkpoint.get("train_window", [0.0, 0.0, 0])
         self.train_window = torch.tensor(window)
         try:
@@ -382,8 +374,17 @@ class ImageClassifier(L.LightningModule):
         OneCycle)."""
         return parts.plans_over_run(self.scheduler_factory)
 
+    def on_fit_start(self):
+        checks.outside_inference_mode(self)  # after a `trainer.validate` or `test` from Python
+        # A learning-rate finder (LearningRateFinder, after the optimizers were made) set a new
+        # rate: the optimizers and schedule again, for it, and it in the hyperparameters logged.
+        if self.hparams.lr != self.planned_lr:
+            self.trainer.strategy.setup_optimizers(self.trainer)
+            self.save_hyperparameters(dict(self.hparams))
+
     def configure_optimizers(self):
         # Frozen parameters (a backbone's) join later.
+        self.planned_lr = self.hparams.lr
         trained = [p for p in self.parameters() if p.requires_grad]
         optimizer = parts.build_optimizer(self.optimizer_factory, trained, self.hparams.lr)
         if self.scheduler_factory is None:

@@ -70,10 +70,12 @@ class Dashboards(L.Callback):
                 continue
             self.started.add(logger.log_dir)
             logger.experiment.add_custom_scalars(LAYOUT)
+            columns = settings(trainer, pl_module)
+            # The run's name in a few words: TensorBoard's runs are named version_N.
+            logger.experiment.add_text("run", summary(trainer, pl_module, columns), 0)
             if trainer.enable_autolog_hparams:
-                columns = settings(trainer, pl_module)
-                for summary in hparams(columns, dict.fromkeys(self.metrics, 0.0)):
-                    logger.experiment.file_writer.add_summary(summary)
+                for written in hparams(columns, dict.fromkeys(self.metrics, 0.0)):
+                    logger.experiment.file_writer.add_summary(written)
 
     def on_test_epoch_start(self, trainer, pl_module):
         self.shown = []
@@ -149,8 +151,8 @@ def settings(trainer, pl_module) -> dict[str, str | int | float]:
     were given (`model/...`, `data/...`), the optimizers' classes and numeric settings, the
     schedules' classes, the epochs."""
     # The optimizer and schedule as they run (below), not as configured: the model's lr replaces
-    # the optimizer's.
-    given = pl_module.hparams_initial
+    # the optimizer's. The hyperparameters as they are now: a learning-rate finder has set `lr`.
+    given = pl_module.hparams
     model = {k: v for k, v in given.items() if k not in ("optimizer", "scheduler")}
     columns = flatten(model, "model/")
     if trainer.datamodule is not None:
@@ -161,12 +163,39 @@ def settings(trainer, pl_module) -> dict[str, str | int | float]:
         columns[name] = type(optimizer).__name__
         # Its flags (foreach, fused, maximize, ...) say how it runs, not what it does.
         numeric = {k: v for k, v in optimizer.defaults.items() if not isinstance(v, bool)}
+        if given.get("lr") is not None:
+            numeric["lr"] = given["lr"]
         columns |= flatten(numeric, f"{name}/")
     for i, config in enumerate(trainer.lr_scheduler_configs):
         columns[numbered("scheduler", i)] = type(config.scheduler).__name__
     epochs = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
     columns |= flatten(epochs, "trainer/")
-    return columns
+    return dict(sorted(columns.items(), key=lambda column: shown_first(column[0])))
+
+
+# The HParams tab's first columns, left to right, before the metrics: what a researcher varies
+# (TensorBoard shows the settings in the order the run's summary gives them).
+FIRST = ("model/net", "model/lr", "optimizer", "scheduler", "model/label_smoothing", "model/mixup",
+         "model/cutmix", "model/flip_test", "data", "data/batch_size", "trainer/max_epochs")
+
+
+def shown_first(column: str) -> int:
+    """A column's place: that of the first of FIRST it is or is under, the others after."""
+    for place, name in enumerate(FIRST):
+        if column == name or column.startswith(f"{name}/"):
+            return place
+    return len(FIRST)
+
+
+def summary(trainer, pl_module, columns: dict) -> str:
+    """`mlp on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 512, 30 epochs`."""
+    data = getattr(trainer.datamodule, "name", "") or columns.get("data", "no data module")
+    name = getattr(pl_module, "net_name", type(pl_module).__name__)
+    said = [columns.get(key) for key in ("model/net", "optimizer", "scheduler")]
+    said.insert(1, f"lr {columns['model/lr']}" if "model/lr" in columns else None)
+    said += [f"batch {columns['data/batch_size']}" if "data/batch_size" in columns else None,
+             f"{trainer.max_epochs} epochs"]
+    return f"{name} on {data}: " + ", ".join(str(part) for part in said if part)
 
 
 def numbered(name: str, i: int) -> str:

@@ -1,5 +1,6 @@
 """The model's parts (network, optimizer, schedule) as data a checkpoint keeps, and as the callables
-that data stands for: how a checkpoint rebuilds the same network, optimizer and schedule."""
+that data stands for: how a checkpoint rebuilds the same network, optimizer and schedule. And the
+mixing of a training batch (mixup, cutmix)."""
 
 import functools
 import inspect
@@ -166,3 +167,18 @@ def plans_over_run(schedule) -> bool:
     takes_steps = "total_steps" in inspect.signature(schedule).parameters
     return takes_steps or "total_steps" in getattr(schedule, "keywords", {})
 
+
+
+def mixed(images: torch.Tensor, labels: torch.Tensor, mixup: float, cutmix: float,
+          num_classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchvision's MixUp or CutMix (one of those whose alpha is above 0, at random) of a batch, as
+    floats on the 0..255 scale, and its labels as class probabilities; drawn from `seed`."""
+    from torchvision.transforms import v2
+
+    alphas = ((mixup, v2.MixUp), (cutmix, v2.CutMix))
+    mixes = [transform(alpha=alpha, num_classes=num_classes)
+             for alpha, transform in alphas if alpha > 0]
+    # torchvision draws from the CPU's generator: no device sync.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return v2.RandomChoice(mixes)(images.float(), labels)
