@@ -154,6 +154,8 @@ def settings(trainer, pl_module) -> dict[str, str | int | float]:
     # the optimizer's. The hyperparameters as they are now: a learning-rate finder has set `lr`.
     given = pl_module.hparams
     model = {k: v for k, v in given.items() if k not in ("optimizer", "scheduler")}
+    if isinstance(model.get("net"), str):  # an import path (torchvision's builders): its name
+        model["net"] = model["net"].rpartition(".")[2]
     columns = flatten(model, "model/")
     if trainer.datamodule is not None:
         columns["data"] = type(trainer.datamodule).__name__
@@ -170,30 +172,22 @@ def settings(trainer, pl_module) -> dict[str, str | int | float]:
         columns[numbered("scheduler", i)] = type(config.scheduler).__name__
     epochs = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
     columns |= flatten(epochs, "trainer/")
-    return dict(sorted(columns.items(), key=lambda column: shown_first(column[0])))
+    return {FIRST.get(name, name): value for name, value in columns.items()}
 
 
-# The HParams tab's first columns, left to right, before the metrics: what a researcher varies
-# (TensorBoard shows the settings in the order the run's summary gives them).
-FIRST = ("model/net", "model/lr", "optimizer", "scheduler", "model/label_smoothing", "model/mixup",
-         "model/cutmix", "model/flip_test", "data", "data/batch_size", "trainer/max_epochs")
-
-
-def shown_first(column: str) -> int:
-    """A column's place: that of the first of FIRST it is or is under, the others after."""
-    for place, name in enumerate(FIRST):
-        if column == name or column.startswith(f"{name}/"):
-            return place
-    return len(FIRST)
+# The HParams tab shows a run's settings sorted by name, capitals first, the first five of them
+# ticked, then the metrics: these five, capitalised, are what a researcher compares first.
+FIRST = {"model/net": "Network", "model/lr": "Learning rate", "optimizer": "Optimizer",
+         "data/batch_size": "Batch size", "trainer/max_epochs": "Epochs"}
 
 
 def summary(trainer, pl_module, columns: dict) -> str:
     """`mlp on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 512, 30 epochs`."""
     data = getattr(trainer.datamodule, "name", "") or columns.get("data", "no data module")
     name = getattr(pl_module, "net_name", type(pl_module).__name__)
-    said = [columns.get(key) for key in ("model/net", "optimizer", "scheduler")]
-    said.insert(1, f"lr {columns['model/lr']}" if "model/lr" in columns else None)
-    said += [f"batch {columns['data/batch_size']}" if "data/batch_size" in columns else None,
+    said = [columns.get(key) for key in ("Network", "Optimizer", "scheduler")]
+    said.insert(1, f"lr {columns['Learning rate']}" if "Learning rate" in columns else None)
+    said += [f"batch {columns['Batch size']}" if "Batch size" in columns else None,
              f"{trainer.max_epochs} epochs"]
     return f"{name} on {data}: " + ", ".join(str(part) for part in said if part)
 

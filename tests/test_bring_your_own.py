@@ -279,3 +279,17 @@ def test_the_command_line_builds_a_torchvision_network_for_the_data(tmp_path):
         run=False,
     )
     assert type(cli.model.net).__name__ == "ResNet" and cli.model.net.fc.out_features == 10
+
+
+def test_tensorboards_first_view_names_the_run_and_has_no_placeholder(trained):
+    """The Text tab says what a version_N run is; hp_metric holds the real values only (Lightning's
+    default logger would log -1 first, which bends the smoothed curve)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(trained.run), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    (text,) = [t for t in events.Tags()["tensors"] if t.startswith("run")]
+    said = events.Tensors(text)[0].tensor_proto.string_val[0].decode()
+    assert said == "mlp on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 64, 3 epochs"
+    values = [e.value for e in events.Scalars("hp_metric")]
+    assert len(values) == 3 and -1 not in values

@@ -14,7 +14,7 @@ from PIL import Image
 from lit_models.dashboards import flatten, prediction_grid
 
 EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or Lightning adds
-    "model/net",
+    "Network",
     "model/net/hidden",
     "model/image_shape",
     "model/num_classes",
@@ -23,27 +23,27 @@ EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or L
     "model/mixup",
     "model/cutmix",
     "data/float_images",
-    "model/lr",
+    "Learning rate",
     "model/label_smoothing",
     "model/flip_test",
     "model/channels_last",
     "model/compile",
     "data",
     "data/data_dir",
-    "data/batch_size",
+    "Batch size",
     "data/eval_batch_size",
     "data/split_seed",
     "data/crop_padding",
     "data/flip",
     "data/on_device",
     "data/download",
-    "optimizer",
+    "Optimizer",
     "optimizer/lr",
     "optimizer/betas",
     "optimizer/eps",
     "optimizer/weight_decay",
     "scheduler",
-    "trainer/max_epochs",
+    "Epochs",
 }
 
 
@@ -179,11 +179,11 @@ def test_hparams_columns(fitted):
     values, metrics = hparams_tab(fitted.fit)
     assert set(values) == EXPECTED_COLUMNS
     assert (
-        values["model/net"] == "TutorialMLP" and values["model/net/hidden"] == 128
+        values["Network"] == "TutorialMLP" and values["model/net/hidden"] == 128
     )  # the real widths
-    assert values["optimizer"] == "AdamW" and values["scheduler"] == "OneCycle"
-    assert values["data/batch_size"] == 64 and values["trainer/max_epochs"] == 2
-    assert values["model/lr"] == values["optimizer/lr"] == pytest.approx(0.015)
+    assert values["Optimizer"] == "AdamW" and values["scheduler"] == "OneCycle"
+    assert values["Batch size"] == 64 and values["Epochs"] == 2
+    assert values["Learning rate"] == values["optimizer/lr"] == pytest.approx(0.015)
     assert values["model/channels_last"] == "true" and values["optimizer/betas"] == "0.9, 0.999"
     assert metrics == ["val/acc_best", "test/acc"]
     tags = scalars(fitted.fit)  # what the tab shows for them: their last values
@@ -191,8 +191,8 @@ def test_hparams_columns(fitted):
     assert tags["val/acc_best"][-1] == pytest.approx(results(fitted.fit)["val/acc_best"])
     # A test of a checkpoint is a run of its own: its settings, as the checkpoint holds them.
     values, metrics = hparams_tab(fitted.test)
-    assert values["model/net"] == "TutorialMLP" and values["model/image_shape"] == "1, 28, 28"
-    assert "optimizer" not in values
+    assert values["Network"] == "TutorialMLP" and values["model/image_shape"] == "1, 28, 28"
+    assert "Optimizer" not in values
     for run in (fitted.fit, fitted.test):
         assert not any(name.startswith("_") or "/_" in name for name in hparams_tab(run)[0])
         assert -1 not in hparams_tab(run)[0].values()
