@@ -144,7 +144,7 @@ class TimedProgressBar(TQDMProgressBar):
         self.refresh_seconds = refresh_seconds
         self._drawn = -math.inf
 
-    def _should_update(self, current: int, total: int) -> bool:
+    def _should_update(self, current: int, total: int | None) -> bool:
         # What Lightning's bar asks at every batch of every stage: a private method, which
         # docs/design.md names.
         now = time.monotonic()
@@ -153,9 +153,10 @@ class TimedProgressBar(TQDMProgressBar):
             return True
         return False
 
-    def _redraw_due(self, now: float, current: int, total: int) -> bool:
-        """`refresh_seconds` since the last redraw, or the end of the bar."""
-        return now - self._drawn >= self.refresh_seconds or current >= total
+    def _redraw_due(self, now: float, current: int, total: int | None) -> bool:
+        """`refresh_seconds` since the last redraw, or the end of a bar of known length."""
+        at_end = total is not None and current >= total
+        return now - self._drawn >= self.refresh_seconds or at_end
 
 
 class EMA(WeightAveraging):

@@ -27,6 +27,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from datamodules import MNISTDataModule
 from lit_models import ImageClassifier, TutorialMLP
+from lit_models.callbacks import TimedProgressBar
 
 STEPS_PER_EPOCH = 22  # 540 training images (600 less a tenth for validation) in batches of 24
 
@@ -404,6 +405,20 @@ def test_a_run_piped_to_a_file_logs_a_few_lines_an_epoch(mnist, tmp_path):
     # redraw kept in a file.
     assert ours.stdout.count("Epoch ") < 10 * 10 < plain.stdout.count("Epoch ") / 2
     assert len(ours.stdout) < len(plain.stdout) / 3
+
+
+def test_our_progress_bar_draws_a_loader_of_unknown_length(tmp_path, capsys):
+    # An IterableDataset has no length: Lightning's bar draws it without a total, and so must ours.
+    from lightning.pytorch.demos.boring_classes import BoringModel, RandomIterableDataset
+
+    class Endless(BoringModel):
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(RandomIterableDataset(32, 64), batch_size=8)
+
+    trainer = L.Trainer(max_epochs=1, callbacks=[TimedProgressBar(refresh_seconds=3600)],
+                        logger=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.fit(Endless())
+    assert trainer.global_step == 8 and "Epoch 0: |          | 0/?" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, expected", [
