@@ -36,6 +36,9 @@ register_type(torch.device, serializer=str, deserializer=torch.device)
 yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represent_str(v.value))
 
 
+SUBCOMMANDS = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+
+
 class TrainCLI(LightningCLI):
     """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with its
     subcommands and `export`, and the project's defaults: 30 epochs, the default callbacks
@@ -52,6 +55,8 @@ class TrainCLI(LightningCLI):
                  run: bool = True):
         self.ctrl_c, self.fitted, self.best, self.results = signals.CtrlC(), False, None, {}
         self.runs_subcommand = run
+        args = command_line.expand(list(sys.argv[1:] if args is None else args))
+        self.command = args[0]
         # jsonargparse's errors raised, not printed with a usage: main() says them in its words.
         usage = {"usage": command_line.usage(), "description": __doc__.split("\n")[0],
                  "exit_on_error": False}
@@ -69,17 +74,17 @@ class TrainCLI(LightningCLI):
         finally:
             self.ctrl_c.stop()
 
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+    def subcommands(self) -> dict[str, set[str]]:
+        """The subcommand this command line runs, of LightningCLI's and `export`: a parser for
+        each of the others would be built and never used (docs/design.md)."""
+        return {self.command: SUBCOMMANDS[self.command]}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"trainer.callbacks": defaults.DEFAULT_CALLBACKS})
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """The command line with its short forms written out (command_line.expand), and the
+        """The command line, its short forms written out (command_line.expand), with the
         model's option rules (model_options) applied."""
-        args = command_line.expand(list(sys.argv[1:] if args is None else args))
         if not self.runs_subcommand:  # a parser without subcommands: a fit's options alone
             args = args[1:]
         self.config = parser.parse_args(args)
