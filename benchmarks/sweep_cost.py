@@ -25,7 +25,9 @@ def timed(commands: list[list[str]], work: Path) -> float:
     """Seconds to run the commands one after another in `work`; a failed one stops the benchmark."""
     start = time.perf_counter()
     for command in commands:
-        subprocess.run(command, cwd=work, check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(command, cwd=work, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
     return time.perf_counter() - start
 
 
