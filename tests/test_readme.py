@@ -27,9 +27,10 @@ def commands() -> list[list[str]]:
             if line.startswith(("python train.py", "python sweep.py"))]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    cwd = tmp_path_factory.mktemp("readme")
+@pytest.fixture
+def folder(tmp_path):
+    """What the README's commands read: the data sets, image files and the recipes."""
+    cwd = tmp_path
     write_cifar10(write_mnist(write_mnist(cwd / "data"), folder="FashionMNIST"))
     (cwd / "my_images").mkdir()
     for name in ("a.png", "b.jpg"):
@@ -39,26 +40,33 @@ def folder(tmp_path_factory):
     return cwd
 
 
+def script_commands(script: str) -> list[list[str]]:
+    return [command[1:] for command in commands() if command[0] == script]
+
+
 @pytest.mark.slow
-def test_every_command_runs_as_written(folder, monkeypatch, capsys):
-    """train.py lines run in this process (train.main, as `python train.py` calls it: the same exit
-    code and messages, without five seconds of imports each); sweep.py lines as processes, as their
-    trials are."""
-    assert len(commands()) >= 12
+def test_every_train_command_runs_as_written(folder, monkeypatch, capsys):
+    """train.py lines, in order, in this process (train.main, as `python train.py` calls it: the
+    same exit code and messages, without five seconds of imports each)."""
+    assert len(commands()) >= 12 and script_commands("sweep.py")
     monkeypatch.chdir(folder)
-    for command in commands():
-        sweep, args = command[0] == "sweep.py", command[1:]
-        if sweep:
-            args += ["--trials", "2", "--seeds", "1"]
+    for args in script_commands("train.py"):
         if args[0] not in ("test", "validate", "predict", "export"):
             args += ["--data.data_dir", "data", *SHORT, "--data.batch_size", "32"]
-        if sweep:
-            proc = run_process(args, cwd=folder, script=SWEEP, quiet=False)
-            code, err = proc.returncode, proc.stderr
-        else:
-            code, err = run_train(args, quiet=False), capsys.readouterr().err
-        assert code == 0, f"{shlex.join(command)}\n{err[-3000:]}"
+        code, err = run_train(args, quiet=False), capsys.readouterr().err
+        assert code == 0, f"train.py {shlex.join(args)}\n{err[-3000:]}"
     assert (folder / "model.onnx").is_file() and (folder / "predictions.csv").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", script_commands("sweep.py"), ids=shlex.join)
+def test_every_sweep_command_runs_as_written(args, folder):
+    """sweep.py lines as processes, as their trials are; each on its own, beside the train.py
+    lines."""
+    args = [*args, "--trials", "2", "--seeds", "1", "--data.data_dir", "data", *SHORT,
+            "--data.batch_size", "32"]
+    proc = run_process(args, cwd=folder, script=SWEEP, quiet=False)
+    assert proc.returncode == 0, f"sweep.py {shlex.join(args)}\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.slow
