@@ -233,6 +233,8 @@ def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
             "8",
             "--trainer.limit_train_batches",
             "20",
+            "--trainer.limit_val_batches",
+            "2",
             "--trainer.limit_test_batches",
             "2",
             *QUIET,
