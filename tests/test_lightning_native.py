@@ -460,3 +460,52 @@ def test_last_is_the_newest_run_of_a_logger_not_a_sweeps_trial(tmp_path, monkeyp
             == "logs/lightning_logs/version_3/checkpoints/last.ckpt")
     assert str(find_checkpoint("last", "last", "lightning_logs/sweeps/study/trial_0000")).endswith(
         "trial_0000/lightning_logs/version_0/checkpoints/last.ckpt")
+
+
+class AsInLightningsDocs(L.LightningModule):
+    """A LightningModule as Lightning's docs write one: float images on the 0..1 scale in, as
+    torchvision's ToTensor() gives them, and no knowledge of this project."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(64),
+                                       torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.append((x.dtype, x.min().item(), x.max().item()))
+        return F.cross_entropy(self.net(x), y)
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize("source", ["mnist", "fashion_mnist", "cifar10", "image_folder"])
+def test_a_plain_lightning_module_fits_and_tests_on_every_data_module(source, tmp_path):
+    from conftest import write_cifar10
+    from test_image_folder import write_folder
+
+    from datamodules import CIFAR10DataModule, FashionMNISTDataModule, ImageFolderDataModule
+
+    data = tmp_path / "data"
+    made = {
+        "mnist": lambda: MNISTDataModule(str(write_mnist(data)), batch_size=32),
+        "fashion_mnist": lambda: FashionMNISTDataModule(
+            str(write_mnist(data, folder="FashionMNIST")), batch_size=32),
+        "cifar10": lambda: CIFAR10DataModule(str(write_cifar10(data)), batch_size=32),
+        "image_folder": lambda: ImageFolderDataModule(
+            root=str(write_folder(tmp_path / "images")), data_dir=str(data), batch_size=32),
+    }
+    model, dm = AsInLightningsDocs(), made[source]()
+    trainer = L.Trainer(max_epochs=4, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm)
+    (tested,) = trainer.test(model, datamodule=dm, verbose=False)
+    assert {dtype for dtype, _, _ in model.seen} == {torch.float32}
+    assert min(low for _, low, _ in model.seen) >= 0 and max(high for *_, high in model.seen) <= 1
+    assert tested["test_acc"] > 0.5
