@@ -200,9 +200,8 @@ class ImageDataModule(L.LightningDataModule):
             and moves each batch, for data that does not fit on the device.
         download: download the data set if it is missing.
         float_images: batches of float32 images on the 0..1 scale, as torchvision's ToTensor() gives
-            them (true), or the uint8 images (false). None: uint8 for a model that says it takes
-            them (`takes_uint8_images`, as ImageClassifier does) and floats for any other
-            LightningModule, as Lightning's docs write one.
+            them, for a LightningModule of your own that takes those (ImageClassifier takes the
+            uint8 images themselves).
     """
 
     name: str = ""  # the short name `--data NAME` takes
@@ -213,8 +212,7 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(self, data_dir: str = "./data", batch_size: int = 128,
                  eval_batch_size: int = 1000, val_size: Optional[Union[int, float]] = None,
                  split_seed: int = 0, crop_padding: int = 0, flip: bool = False,
-                 on_device: bool = True, download: bool = True,
-                 float_images: Optional[bool] = None):
+                 on_device: bool = True, download: bool = True, float_images: bool = False):
         super().__init__()
         self.save_hyperparameters()
         batches_empty = batch_size < 1 or eval_batch_size < 1
@@ -330,7 +328,7 @@ class ImageDataModule(L.LightningDataModule):
         batches = DeviceBatches(images, labels, self.batch_size, train=True,
                                 crop_padding=self.crop_padding, flip=self.flip,
                                 seed=torch.initial_seed(), rank=rank, world_size=world_size,
-                                shuffle=shuffle, to_float=self.gives_floats())
+                                shuffle=shuffle, to_float=self.float_images)
         if self._train_state is not None:
             batches.load_state_dict(self._train_state)
             self._train_state = None
@@ -349,18 +347,10 @@ class ImageDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict) -> None:
         self._train_state = state_dict.get("train_batches")
 
-    def gives_floats(self) -> bool:
-        """Whether the batches are float images on the 0..1 scale: `float_images` as given, else
-        for a model of the Trainer's that does not take uint8 images (none without a Trainer)."""
-        if self.float_images is not None:
-            return self.float_images
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        return model is not None and not getattr(model, "takes_uint8_images", False)
-
     def _eval_batches(self, split: str) -> DeviceBatches:
         rank, world_size = self._rank()
         return DeviceBatches(*self._split(split), self.eval_batch_size, rank=rank,
-                             world_size=world_size, to_float=self.gives_floats())
+                             world_size=world_size, to_float=self.float_images)
 
     def val_dataloader(self):
         return self._eval_batches("val") if self.has_validation else []
