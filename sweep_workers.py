@@ -60,6 +60,21 @@ class Objective:
         self.base, self.space, self.grid, self.seeds = base, space, grid, seeds
         self.folder, self.threads = folder, threads
         self.stop_asked, self.in_optuna = False, False
+        # One process of this sweep at a time chooses a trial and has it running: two that both
+        # saw the one waiting retry would run it, and a new trial besides (more than asked).
+        self.turn = multiprocessing.get_context("spawn").Lock()
+        self.holds_turn = False
+
+    def take_turn(self, seconds: float) -> None:
+        """This process's turn to choose a trial, or none `seconds` later: a process killed in its
+        turn never gives it back."""
+        self.holds_turn = self.turn.acquire(timeout=seconds)
+
+    def end_turn(self) -> None:
+        """The turn given back: the chosen trial runs (another process counts it), or none."""
+        if self.holds_turn:
+            self.holds_turn = False
+            self.turn.release()
 
     def on_sigterm(self, signum, frame) -> None:
         """A worker's SIGTERM: noted, and a KeyboardInterrupt where no Trainer stops after its step
@@ -72,6 +87,7 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> float:
         """The trial's value; where the sweep stops, the trial runs again when it goes on."""
         self.in_optuna = False
+        self.end_turn()  # the trial is RUNNING in the study now
         try:
             if self.stop_asked:  # while Optuna made this trial
                 raise KeyboardInterrupt
@@ -165,13 +181,26 @@ def work(name: str, store: RDBStorage, objective: Objective, trials: int, thread
         while not objective.stop_asked:
             objective.in_optuna = True
             optuna.storages.fail_stale_trials(study)
-            if work_left(study, objective, trials):
-                study.optimize(objective, n_trials=1, catch=(Exception,))
-            elif study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                objective.in_optuna = False
-                time.sleep(store.get_heartbeat_interval())
-            else:
+            if ran_a_trial(study, objective, trials, store.get_heartbeat_interval()):
+                continue
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if objective.stop_asked or not running:
                 break
+            objective.in_optuna = False
+            time.sleep(store.get_heartbeat_interval())
+
+
+def ran_a_trial(study: optuna.Study, objective: Objective, trials: int, heartbeat: int) -> bool:
+    """Whether this process found work left and ran a trial of it, in its turn among the sweep's
+    processes (Objective.take_turn)."""
+    objective.take_turn(2 * heartbeat)
+    try:
+        if objective.stop_asked or not work_left(study, objective, trials):
+            return False
+        study.optimize(objective, n_trials=1, catch=(Exception,))
+        return True
+    finally:
+        objective.end_turn()
 
 
 def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
