@@ -36,9 +36,6 @@ register_type(torch.device, serializer=str, deserializer=torch.device)
 yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represent_str(v.value))
 
 
-SUBCOMMANDS = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
-
-
 class TrainCLI(LightningCLI):
     """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with its
     subcommands and `export`, and the project's defaults: 30 epochs, the default callbacks
@@ -77,7 +74,7 @@ class TrainCLI(LightningCLI):
     def subcommands(self) -> dict[str, set[str]]:
         """The subcommand this command line runs, of LightningCLI's and `export`: a parser for
         each of the others would be built and never used (docs/design.md)."""
-        return {self.command: SUBCOMMANDS[self.command]}
+        return {self.command: command_line.SUBCOMMANDS[self.command]}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"trainer.callbacks": defaults.DEFAULT_CALLBACKS})

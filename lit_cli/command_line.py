@@ -13,6 +13,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import yaml
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
 import datamodules
@@ -32,7 +33,8 @@ def recipes_folder() -> Path:
 
 
 RECIPES = recipes_folder()
-SUBCOMMANDS = ("fit", "validate", "test", "predict", "export")
+# Each subcommand, and the arguments of its Trainer method that are not options (LightningCLI's).
+SUBCOMMANDS = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
 DEFAULT_RECIPE = "cnn"
 
 # The classes a short name stands for, by the option that takes it.
