@@ -8,6 +8,7 @@ from typing import Optional, Union
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_common.seeds import mix_seed
 
@@ -199,9 +200,11 @@ class ImageDataModule(L.LightningDataModule):
         on_device: keep the data set on the training device (fast); false keeps it in host memory
             and moves each batch, for data that does not fit on the device.
         download: download the data set if it is missing.
-        float_images: batches of float32 images on the 0..1 scale, as torchvision's ToTensor() gives
-            them, for a LightningModule of your own that takes those (ImageClassifier takes the
-            uint8 images themselves).
+        float_images: true: batches of float32 images on the 0..1 scale, as torchvision's
+            ToTensor() gives them (a LightningModule as Lightning's docs write one); false: the
+            uint8 images. None: what the model says (its `takes_uint8_images`: True for
+            ImageClassifier), uint8 with no Trainer; a model that says nothing is refused before
+            training, in one line that names this option.
     """
 
     name: str = ""  # the short name `--data NAME` takes
@@ -212,7 +215,8 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(self, data_dir: str = "./data", batch_size: int = 128,
                  eval_batch_size: int = 1000, val_size: Optional[Union[int, float]] = None,
                  split_seed: int = 0, crop_padding: int = 0, flip: bool = False,
-                 on_device: bool = True, download: bool = True, float_images: bool = False):
+                 on_device: bool = True, download: bool = True,
+                 float_images: Optional[bool] = None):
         super().__init__()
         self.save_hyperparameters()
         batches_empty = batch_size < 1 or eval_batch_size < 1
@@ -264,6 +268,7 @@ class ImageDataModule(L.LightningDataModule):
         return channel_stats(self._split("train")[0])
 
     def setup(self, stage: str) -> None:
+        self.gives_floats()  # a model that does not say which images it takes stops here
         wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"],
                   "predict": ["test"]}[stage]
         for split in wanted:
@@ -328,7 +333,7 @@ class ImageDataModule(L.LightningDataModule):
         batches = DeviceBatches(images, labels, self.batch_size, train=True,
                                 crop_padding=self.crop_padding, flip=self.flip,
                                 seed=torch.initial_seed(), rank=rank, world_size=world_size,
-                                shuffle=shuffle, to_float=self.float_images)
+                                shuffle=shuffle, to_float=self.gives_floats())
         if self._train_state is not None:
             batches.load_state_dict(self._train_state)
             self._train_state = None
@@ -347,10 +352,28 @@ class ImageDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict) -> None:
         self._train_state = state_dict.get("train_batches")
 
+    def gives_floats(self) -> bool:
+        """Whether the batches are float images on the 0..1 scale: `float_images` as given; unset,
+        what the Trainer's model says (`takes_uint8_images`), uint8 with no Trainer, and a
+        refusal for a model that says nothing."""
+        if self.float_images is not None:
+            return self.float_images
+        if self.trainer is None or self.trainer.lightning_module is None:
+            return False
+        model = self.trainer.lightning_module
+        takes_uint8 = getattr(model, "takes_uint8_images", None)
+        if takes_uint8 is None:
+            # Either guess would feed a model written for the other scale without a word.
+            raise MisconfigurationException(
+                f"{type(model).__name__} does not say which images it takes: float_images=True "
+                f"gives float32 images on the 0..1 scale (as torchvision's ToTensor does), False "
+                f"the uint8 images (--data.float_images on the command line)")
+        return not takes_uint8
+
     def _eval_batches(self, split: str) -> DeviceBatches:
         rank, world_size = self._rank()
         return DeviceBatches(*self._split(split), self.eval_batch_size, rank=rank,
-                             world_size=world_size, to_float=self.float_images)
+                             world_size=world_size, to_float=self.gives_floats())
 
     def val_dataloader(self):
         return self._eval_batches("val") if self.has_validation else []

@@ -65,6 +65,8 @@ class ImageClassifier(L.LightningModule):
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
 
+    takes_uint8_images = True  # ImageDataModule.gives_floats reads it: uint8 in, normalised here
+
     def __init__(self, net: Optional[parts.NetworkCallable] = None,
                  image_shape: Optional[tuple[int, int, int]] = None,
                  num_classes: Optional[int] = None, class_names: Optional[list[str]] = None,

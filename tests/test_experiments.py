@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import ROOT, SWEEP, run_process, run_train, runs, write_mnist
 from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
 import train
@@ -469,30 +470,73 @@ def test_a_plain_data_module_works_once_the_model_is_told_what_it_cannot_know():
 
 
 class LitDocsModel(L.LightningModule):
-    """A LightningModule as Lightning's docs write one: float images in, a flattened linear
-    layer."""
+    """A LightningModule as Lightning's docs write one: float images in, a flattened linear layer
+    (lazy: it takes any image size), a test step that logs its accuracy."""
 
     def __init__(self):
         super().__init__()
-        self.layer = torch.nn.Linear(28 * 28, 10)
+        self.layer = torch.nn.LazyLinear(10)
         self.seen = []
+
+    def forward(self, x):
+        return self.layer(x.flatten(1))
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         self.seen.append((x.dtype, float(x.min()), float(x.max())))
-        return F.cross_entropy(self.layer(x.view(x.size(0), -1)), y)
+        return F.cross_entropy(self(x), y)
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.append((x.dtype, float(x.min()), float(x.max())))
+        self.log("test/acc", (self(x).argmax(1) == y).float().mean())
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_a_plain_lightning_module_trains_on_our_data_modules_with_float_images(mnist):
-    model = LitDocsModel()
-    data = MNISTDataModule(str(mnist), batch_size=64, float_images=True)
-    L.Trainer(max_steps=4, limit_val_batches=0, **QUIET).fit(model, datamodule=data)
-    assert len(model.seen) == 4 and all(
-        d == torch.float32 and 0 <= lo and hi <= 1 for d, lo, hi in model.seen
-    )
+class SaysFloats(LitDocsModel):
+    takes_uint8_images = False  # what ImageDataModule.float_images reads when it is unset
+
+
+def our_data_modules(tmp_path, **kwargs):
+    from conftest import write_cifar10
+    from test_image_folder import write_folder
+
+    from datamodules import CIFAR10DataModule, ImageFolderDataModule
+
+    folder = write_folder(tmp_path / "folder", splits={"train": 40, "test": 20}, size=8)
+    return [
+        MNISTDataModule(str(write_mnist(tmp_path / "mnist")), batch_size=32, **kwargs),
+        CIFAR10DataModule(str(write_cifar10(tmp_path / "cifar10")), batch_size=32, **kwargs),
+        ImageFolderDataModule(str(folder), data_dir=str(tmp_path / "data"), batch_size=8,
+                              **kwargs),
+    ]
+
+
+def test_a_plain_lightning_module_is_told_in_one_line_which_option_gives_it_floats(tmp_path):
+    for data in our_data_modules(tmp_path):
+        model = LitDocsModel()
+        with pytest.raises(MisconfigurationException) as refusal:
+            L.Trainer(max_steps=2, limit_val_batches=0, **QUIET).fit(model, datamodule=data)
+        assert str(refusal.value).startswith("LitDocsModel does not say which images it takes: "
+                                             "float_images=True gives float32 images on the "
+                                             "0..1 scale")
+        assert "\n" not in str(refusal.value) and model.seen == []  # before any batch
+
+
+@pytest.mark.parametrize("model, option", [(LitDocsModel, {"float_images": True}),
+                                           (SaysFloats, {})])
+def test_a_plain_lightning_module_fits_and_tests_on_every_data_module_on_floats(model, option,
+                                                                               tmp_path):
+    for data in our_data_modules(tmp_path, **option):
+        plain = model()
+        trainer = L.Trainer(max_steps=4, limit_val_batches=0, **QUIET)
+        trainer.fit(plain, datamodule=data)
+        (tested,) = trainer.test(plain, datamodule=data, verbose=False)
+        assert 0 <= tested["test/acc"] <= 1 and len(plain.seen) > 4
+        assert all(d == torch.float32 and 0 <= lo <= hi <= 1 for d, lo, hi in plain.seen)
+        assert max(hi for _, _, hi in plain.seen) > 0.5  # the 0..1 scale, not 0..1/255
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def fit(model_factory, data_dir, tmp_path, callbacks=(), tune=None, **flags):
     """Seed, build, fit; the trainer, the model and its data module."""
     L.seed_everything(0, verbose=False)
     model = model_factory()
-    data = MNISTDataModule(str(data_dir), batch_size=24)
+    data = MNISTDataModule(str(data_dir), batch_size=24, float_images=False)  # Reference: uint8
     flags = {"max_epochs": 2, "logger": False, "enable_progress_bar": False,
              "enable_model_summary": False, "default_root_dir": str(tmp_path), **flags}
     trainer = L.Trainer(callbacks=[c() for c in callbacks], **flags)
