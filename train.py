@@ -50,14 +50,15 @@ class TrainCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
                  run: bool = True):
-        self.ctrl_c, self.fitted, self.best, self.results = signals.CtrlC(), False, None, {}
+        self.stops, self.fitted, self.best, self.results = signals.Stops(), False, None, {}
         self.runs_subcommand = run
-        args = command_line.expand(list(sys.argv[1:] if args is None else args))
-        self.command = args[0]
-        # jsonargparse's errors raised, not printed with a usage: main() says them in its words.
-        usage = {"usage": command_line.usage(), "description": __doc__.split("\n")[0],
-                 "exit_on_error": False}
         try:
+            self.stops.start()
+            args = command_line.expand(list(sys.argv[1:] if args is None else args))
+            self.command = args[0]
+            # jsonargparse's errors raised, not printed with a usage: main() says them.
+            usage = {"usage": command_line.usage(), "description": __doc__.split("\n")[0],
+                     "exit_on_error": False}
             super().__init__(
                 ImageClassifier, subclass_mode_model=True, subclass_mode_data=True,
                 trainer_class=Trainer, save_config_callback=runs.SaveConfig, args=args, run=run,
@@ -67,9 +68,16 @@ class TrainCLI(LightningCLI):
                 save_config_kwargs={"save_to_log_dir": False},
                 parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
         except SIGTERMException:  # a SystemExit without a code, which would exit 0
-            raise signals.stopped(self, self.ctrl_c) from None
+            raise signals.stopped(self, self.stops) from None
+        except KeyboardInterrupt:  # a second Ctrl-C where no Trainer runs
+            self.stops.pressed = max(1, self.stops.pressed)
+            raise signals.stopped(self, self.stops) from None
+        except SystemExit as e:
+            if self.stops.pressed > 1 and e.code == 1:  # Lightning's end of a second Ctrl-C
+                raise signals.stopped(self, self.stops) from None
+            raise
         finally:
-            self.ctrl_c.stop()
+            self.stops.stop()
 
     def subcommands(self) -> dict[str, set[str]]:
         """The subcommand this command line runs, of LightningCLI's and `export`: a parser for
@@ -144,13 +152,11 @@ class TrainCLI(LightningCLI):
                 print(nothing_left, file=sys.stderr)
                 raise SystemExit(0)
         runs.claim_version(self.trainer.logger)
-        self.ctrl_c.start()
         self.fit_started = time.perf_counter()
 
     def after_fit(self) -> None:
         """Test the best checkpoint (the last weights without one); results.json in the run."""
         seconds = time.perf_counter() - self.fit_started
-        self.ctrl_c.stop()
         self.fitted = True
         trainer = self.trainer
         epochs, step = trainer.current_epoch, trainer.global_step  # before a BatchSizeFinder's test

@@ -12,6 +12,7 @@ from typing import Iterator, Literal, Optional, Union
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.base import DataError, DiskImages, ImageDataModule
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
@@ -174,6 +175,10 @@ class ImageFolderDataModule(ImageDataModule):
         if split != "train":  # the other splits follow the training images
             channels, height, width = self.image_shape
         for images in decode_files(files, channels, size):
+            # A Trainer's stage only notes a SIGTERM, and stops after its next step: not an hour
+            # of decoding later.
+            if self.trainer is not None and self.trainer.received_sigterm:
+                raise SIGTERMException
             # the first batch: decode_files checks that the others are of its size
             if not file.tell():
                 shape = (len(files), *images.shape[1:])

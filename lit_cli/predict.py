@@ -115,6 +115,9 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
         seconds = time.perf_counter() - start
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
+        if trainer.received_sigterm:  # after the last batch's check: Lightning's loop ends quietly
+            raise SIGTERMException
+    trainer.wrote = target
     show(writer, model.class_names)
     return report(writer, target, seconds, trainer.strategy.root_device)
 

@@ -30,8 +30,10 @@ def record(cli, stage: str, metrics: dict, checkpoint: str | None, extra: dict) 
         "log_dir": log_dir(trainer),
         f"{split}/acc_per_class": per_class or None,
     }
-    if trainer.is_global_zero:
+    if trainer.is_global_zero and entry["log_dir"]:
         write(entry)
+        trainer.wrote = Path(entry["log_dir"], "results.json")
+    if trainer.is_global_zero:
         print(summary(entry, split, stage, checkpoint), flush=True)
     return entry
 
@@ -62,8 +64,6 @@ def of_the_fit(trainer, seconds: float, epochs: int, step: int) -> dict:
 
 
 def write(entry: dict) -> None:
-    if not entry["log_dir"]:
-        return
     finite = json.loads(json.dumps(entry), parse_constant=lambda nan: None)  # valid JSON
     with written_whole(Path(entry["log_dir"], "results.json")) as tmp:
         tmp.write_text(json.dumps(finite, indent=2) + "\n")

@@ -1,8 +1,10 @@
-"""Stopping honestly: the first Ctrl-C stops a fit as SIGTERM does, after the step with a checkpoint
-to go on from, and every stop ends in one line that says what was saved."""
+"""Stopping honestly at any moment of a command: the first Ctrl-C stops as SIGTERM does (a fit
+after its step, with a checkpoint to go on from), and every stop ends in one line that says what
+was saved, with exit code 143 (SIGTERM) or 130 (Ctrl-C)."""
 
 import signal
 import sys
+import threading
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -11,21 +13,34 @@ from lit_cli.runs import log_dir
 from lit_models import LastCheckpoint
 
 
-class CtrlC:
-    """While started, the first Ctrl-C raises SIGTERM, which Lightning handles between two steps
-    (LastCheckpoint saves there); a second one stops at once (Lightning's KeyboardInterrupt)."""
+class Stops:
+    """SIGTERM and Ctrl-C while a command runs, from its command line to its last record.
+
+    Inside a Trainer's stage Lightning's handler notes SIGTERM (it calls this one too) and its
+    loops stop after the step; anywhere else (building the command, reading a checkpoint, between
+    stages, writing records, exporting) the stop is raised at once as Lightning's
+    SIGTERMException, which leaves no temporary file of `written_whole` behind. The first Ctrl-C
+    is a SIGTERM; a second one stops at once (Lightning's KeyboardInterrupt). A caller with a
+    SIGTERM handler of its own (a sweep's worker) keeps it."""
 
     def __init__(self):
-        self.pressed = False
-        self.previous = None
+        self.pressed = 0
+        self.previous: dict = {}
+        self.handlers = {signal.SIGTERM: self.on_sigterm, signal.SIGINT: self.on_ctrl_c}
 
     def start(self) -> None:
-        self.previous = signal.signal(signal.SIGINT, self.handler)
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python's handlers run in the main thread alone
+        for signum, handler in self.handlers.items():
+            owned_by_caller = signal.getsignal(signum) not in (signal.SIG_DFL,
+                                                               signal.default_int_handler)
+            if not owned_by_caller or signum == signal.SIGINT:
+                self.previous[signum] = signal.signal(signum, handler)
 
     def stop(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous = {}
 
     def how(self) -> tuple[str, int]:
         """What stopped a command, and its exit code."""
@@ -33,22 +48,34 @@ class CtrlC:
             return "Ctrl-C", 130
         return "SIGTERM", 143
 
-    def handler(self, signum, frame) -> None:
-        self.pressed = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nStopping after this step (Ctrl-C again to stop at once) ...", file=sys.stderr,
-              flush=True)
+    def in_a_stage(self) -> bool:
+        """Whether a Trainer's stage has SIGTERM: its handler calls the one it found (this)."""
+        return signal.getsignal(signal.SIGTERM) is not self.handlers[signal.SIGTERM]
+
+    def on_sigterm(self, signum, frame) -> None:
+        if not self.in_a_stage():
+            raise SIGTERMException
+
+    def on_ctrl_c(self, signum, frame) -> None:
+        self.pressed += 1
+        if self.pressed > 1:
+            raise KeyboardInterrupt
+        if self.in_a_stage():
+            print("\nStopping after this step (Ctrl-C again to stop at once) ...",
+                  file=sys.stderr, flush=True)
         signal.raise_signal(signal.SIGTERM)
 
 
-def stopped(cli, ctrl_c: CtrlC) -> Stopped:
-    """The one line of a command stopped by Lightning's SIGTERMException, and its exit code."""
-    by, code = ctrl_c.how()
-    trainer = cli.trainer
+def stopped(cli, stops: Stops) -> Stopped:
+    """The one line of a command stopped by a signal, and its exit code."""
+    by, code = stops.how()
+    trainer = getattr(cli, "trainer", None)
+    if trainer is None:
+        return Stopped(f"stopped by {by} before the command started; nothing was written", code)
     if cli.subcommand != "fit":
-        checkpoint = cli.given.ckpt_path
-        doing = f"{cli.subcommand.rstrip('e')}ing"
-        return Stopped(f"stopped by {by} while {doing} {checkpoint}; no results were written", code)
+        doing = f"{cli.subcommand.rstrip('e')}ing {cli.given.ckpt_path}"
+        return Stopped(f"stopped by {by} while {doing}; {wrote(trainer, 'no results were')}",
+                       code)
     if not cli.fitted:
         return Stopped(f"stopped by {by} in epoch {trainer.current_epoch} at step "
                        f"{trainer.global_step}; {saved(trainer)}", code)
@@ -57,8 +84,19 @@ def stopped(cli, ctrl_c: CtrlC) -> Stopped:
     when = "after the fit, before its test; its"
     if testing:
         when = "while testing after the fit, whose"
+    results = ""
+    if getattr(trainer, "wrote", None) is not None:
+        results = f"; {wrote(trainer, '')}"
     return Stopped(f"stopped by {by} {when} checkpoints are whole: train.py test --ckpt_path {run} "
-                   f"tests it", code)
+                   f"tests it{results}", code)
+
+
+def wrote(trainer, nothing: str) -> str:
+    """The record a command wrote whole before it stopped (Trainer.wrote), or `nothing` written."""
+    written = getattr(trainer, "wrote", None)
+    if written is None:
+        return f"{nothing} written"
+    return f"{written} was written whole"
 
 
 def saved(trainer) -> str:

@@ -18,6 +18,8 @@ from lit_models import export as exports
 class Trainer(L.Trainer):
     """Lightning's Trainer; `predict` writes a CSV file, and `export` writes a servable file."""
 
+    wrote = None  # the record, predictions or export written whole, for the line of a stop
+
     def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None,
                 ckpt_path=None, weights_only=None, inputs: list[str] | None = None,
                 output: str | None = None) -> dict:
@@ -51,4 +53,6 @@ class Trainer(L.Trainer):
             raise UsageError("export needs --ckpt_path: a checkpoint file, a run folder, or "
                              "best/last")
         model.load_state_dict(read_checkpoint(Path(ckpt_path))["state_dict"])
-        return exports.export(model, datamodule, format, output, Path(ckpt_path))
+        exported = exports.export(model, datamodule, format, output, Path(ckpt_path))
+        self.wrote = exported["output"]
+        return exported

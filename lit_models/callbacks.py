@@ -38,7 +38,10 @@ class LastCheckpoint(ModelCheckpoint):
     def on_exception(self, trainer, pl_module, exception):
         # In validation too: Lightning resumes a fit in the middle of its validation as well.
         self.saved_on_stop = None
-        if isinstance(exception, SIGTERMException) and fitting(trainer):
+        # Before its first step (reading the data, the sanity check) a fit has nothing to go on
+        # from, and no folder of its own yet: the same command starts it again.
+        stepped = trainer.global_step > 0 and self.dirpath is not None
+        if isinstance(exception, SIGTERMException) and fitting(trainer) and stepped:
             trainer.save_checkpoint(self.format_checkpoint_name({}))
             self.saved_on_stop = self.format_checkpoint_name({})
 

@@ -54,8 +54,8 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
         difference, agree = check(run, images.numpy(), expected, fmt)
     if fmt != "onnx":
         # The class names beside the file too, where any server can read them.
-        classes_file = target.with_name(target.name + ".classes.json")
-        classes_file.write_text(meta["classes"] + "\n")
+        with written_whole(target.with_name(target.name + ".classes.json")) as tmp:
+            tmp.write_text(meta["classes"] + "\n")
     name = "the model"
     if checkpoint:
         name = checkpoint.name

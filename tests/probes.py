@@ -109,3 +109,33 @@ class SlowTest(L.Callback):
     def on_test_start(self, trainer, pl_module):
         open(self.flag, "w").close()
         time.sleep(self.seconds)
+
+
+class SignalAtBatch(L.Callback):
+    """Sends this process a real signal as batch `batch` of a stage starts (`stage`: train,
+    validation, test or predict; `batch` -1: the stage's last batch). Sanity checks do not count."""
+
+    def __init__(self, stage: str, batch: int, signal_name: str = "SIGTERM"):
+        self.stage, self.batch, self.signal = stage, batch, getattr(signal, signal_name)
+        self.sent = False
+
+    def maybe(self, trainer, stage: str, batch_idx: int, batches) -> None:
+        if isinstance(batches, list):  # one count per loader
+            batches = batches[0]
+        wanted = self.batch if self.batch >= 0 else int(batches) - 1
+        now = stage == self.stage and batch_idx == wanted and not trainer.sanity_checking
+        if now and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signal)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.maybe(trainer, "train", batch_idx, trainer.num_training_batches)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.maybe(trainer, "validation", batch_idx, trainer.num_val_batches)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.maybe(trainer, "test", batch_idx, trainer.num_test_batches)
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.maybe(trainer, "predict", batch_idx, trainer.num_predict_batches)
