@@ -67,8 +67,10 @@ def write(entry: dict) -> None:
     if not entry["log_dir"]:
         return
     finite = json.loads(json.dumps(entry), parse_constant=lambda nan: None)  # valid JSON
+    # Names as given (classes, the run's folder), not as \u escapes.
+    text = json.dumps(finite, indent=2, ensure_ascii=False)
     with written_whole(Path(entry["log_dir"], "results.json")) as tmp:
-        tmp.write_text(json.dumps(finite, indent=2) + "\n")
+        tmp.write_text(text + "\n", encoding="utf-8")
 
 
 def summary(entry: dict, split: str, stage: str, checkpoint: str | None) -> str:
