@@ -237,7 +237,7 @@ def run_sweep(argv: list[str], stop: workers.Stop) -> int:
     name = opts.name or study_name(base, space, opts.seeds)
     folder = (Path("lightning_logs") / "sweeps" / name).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    url = opts.storage or f"sqlite:///{folder / 'study.db'}"
+    url = opts.storage or study_url(folder)
     store = storage(url, opts.heartbeat)
     study = workers.open_study(name, store, space, grid, seed)
     record_command(study, url, base, space)
@@ -275,6 +275,13 @@ def study_name(base: list[str], space: dict, seeds: int) -> str:
     """The default name, of the command, space and seeds: the same command finds its study again."""
     digest = hashlib.sha1(repr((base, space, seeds)).encode()).hexdigest()
     return "sweep-" + digest[:8]
+
+
+def study_url(folder: Path) -> str:
+    """The SQLite URL of the study in `folder`, its path escaped: a sweep's name may hold '?', '#'
+    or '%', which a URL reads as its query, fragment or an escape."""
+    url = sqlalchemy.engine.URL.create("sqlite", database=str(folder / "study.db"))
+    return url.render_as_string()
 
 
 def record_command(study: optuna.Study, url: str, base: list[str], space: dict) -> None:

@@ -8,6 +8,7 @@ from lit_cli.runs import log_dir
 from lit_cli.signals import raise_if_asked
 from lit_common.files import written_whole
 from lit_models import TrainingSpeed
+from lit_models.tags import class_metrics
 
 SPLITS = {"test": "test", "validate": "val"}
 
@@ -17,8 +18,9 @@ def record(cli, stage: str, metrics: dict, checkpoint: str | None, extra: dict) 
     one line, and written as results.json in its log folder (NaN written as null)."""
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     split = SPLITS.get(stage, "test")
-    per_class = {key.rsplit("/", 1)[1]: value for key, value in metrics.items()
-                 if key.startswith(f"{split}/acc_class/")}
+    # By the classes' exact names: a metric's tag holds a name made safe for TensorBoard.
+    named = class_metrics(model.class_names, split)
+    per_class = {name: metrics[key] for key, name in named.items() if key in metrics}
     entry = {
         "stage": stage, "model": model.net_name,
         "data": getattr(data, "name", "") or type(data).__name__,
@@ -65,8 +67,10 @@ def of_the_fit(trainer, seconds: float, epochs: int, step: int) -> dict:
 
 def write(entry: dict) -> None:
     finite = json.loads(json.dumps(entry), parse_constant=lambda nan: None)  # valid JSON
+    # Names as given (classes, the run's folder), not as \u escapes.
+    text = json.dumps(finite, indent=2, ensure_ascii=False)
     with written_whole(Path(entry["log_dir"], "results.json")) as tmp:
-        tmp.write_text(json.dumps(finite, indent=2) + "\n")
+        tmp.write_text(text + "\n", encoding="utf-8")
 
 
 def summary(entry: dict, split: str, stage: str, checkpoint: str | None) -> str:

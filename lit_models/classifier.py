@@ -15,6 +15,7 @@ from lit_common.seeds import mix_seed
 from lit_models import checks, parts
 from lit_models.checks import ModelError
 from lit_models.networks import TutorialCNN
+from lit_models.tags import class_metrics
 
 __all__ = ["ImageClassifier", "ModelError"]
 
@@ -362,7 +363,7 @@ class ImageClassifier(L.LightningModule):
         confusion = self.test_confusion.compute()  # rows: true class, columns: predicted
         self.test_confusion.reset()
         per_class = confusion.diag() / confusion.sum(1)  # NaN for a class without test images
-        names = [f"test/acc_class/{name}" for name in self.class_names]
+        names = class_metrics(self.class_names, "test")  # tags TensorBoard takes
         self.log_dict(dict(zip(names, per_class)), sync_dist=True)
 
     def predict_step(self, batch, batch_idx):

@@ -12,6 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from torch.utils.tensorboard.summary import hparams
 
 from lit_models.classifier import ImageClassifier
+from lit_models.tags import class_metrics
 
 # Tags are regular expressions in a Custom Scalars layout: anchored, so that val/acc does not take
 # val/acc_best.
@@ -111,6 +112,7 @@ class Dashboards(L.Callback):
         names = None
         if classifier:
             names = pl_module.class_names
+            name_classes(trainer, names)
         for tag, figure in self.figures(confusion, names).items():
             for logger in loggers:
                 log_image(logger, tag, figure, trainer.global_step)
@@ -137,6 +139,17 @@ def image_loggers(trainer) -> list:
 def shows_images(trainer) -> bool:
     """The process that draws the test images: the first, with a logger that takes images."""
     return trainer.is_global_zero and bool(image_loggers(trainer))
+
+
+def name_classes(trainer, names: list[str]) -> None:
+    """`test/acc_class` in TensorBoard's Text tab: which class each per-class tag is (a tag holds
+    a name made safe, lit_models.tags), tag and name in code spans, which Markdown leaves as they
+    are."""
+    metrics = class_metrics(names, "test")
+    text = "\n".join(f"- `{tag}`: `{name}`" for tag, name in metrics.items())
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_text("test/acc_class", text, trainer.global_step)
 
 
 def log_image(logger, tag: str, image: Image.Image, step: int) -> None:

@@ -55,7 +55,7 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
     if fmt != "onnx":
         # The class names beside the file too, where any server can read them.
         with written_whole(target.with_name(target.name + ".classes.json")) as tmp:
-            tmp.write_text(meta["classes"] + "\n")
+            tmp.write_text(meta["classes"] + "\n", encoding="utf-8")
     name = "the model"
     if checkpoint:
         name = checkpoint.name
@@ -92,7 +92,7 @@ def metadata(model: ImageClassifier) -> dict[str, str]:
     """What an ONNX file carries as metadata; the class names go into every format."""
     hp = model.hparams
     return {
-        "classes": json.dumps(model.class_names),
+        "classes": json.dumps(model.class_names, ensure_ascii=False),  # as given, no \u escapes
         "image_shape": json.dumps(list(hp.image_shape)),
         "input": "uint8 images (N, C, H, W), 0..255",
         "output": "class probabilities (N, classes)",
