@@ -165,8 +165,7 @@ class ImageClassifier(L.LightningModule):
 
     @property
     def backbone(self) -> torch.nn.Module:
-        """The network but its last layer: what Lightning's BackboneFinetuning freezes and thaws
-        (`--trainer.callbacks+=BackboneFinetuning`)."""
+        """The network but its last layer, which BackboneFinetuning freezes and thaws."""
         checks.check_sequential(self.net, self.net_name)
         layers = list(self.net.named_children())[:-1]
         return torch.nn.Sequential(OrderedDict(layers))  # the same layers
@@ -205,8 +204,7 @@ class ImageClassifier(L.LightningModule):
         checks.check_data(self, data)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on the same 0..255
-        scale)."""
+        """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on that scale)."""
         checks.check_ready(self.net, self.hparams.mean)
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)

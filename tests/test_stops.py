@@ -167,8 +167,9 @@ def went_on_from_what_it_saved(line: str, args: list[str], cwd: Path, unbroken: 
 @pytest.mark.parametrize("signal_name", SIGNALS)
 def test_a_stop_while_an_image_folder_is_decoded_leaves_no_part_of_its_cache(signal_name,
                                                                              tmp_path, capsys):
-    import datamodules.image_folder
     from test_image_folder import write_folder
+
+    import datamodules.image_folder
 
     folder = write_folder(tmp_path / "images", size=8)
     args = ["--data", "image_folder", "--data.root", str(folder), "--data.data_dir",
