@@ -65,6 +65,11 @@ class ImageClassifier(L.LightningModule):
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
 
+    # What torch.jit.script leaves out, as LightningModule does for its own properties: scripted
+    # (`to_torchscript()`), the model is `forward`, and these are Python's.
+    __jit_unused_properties__ = [*L.LightningModule.__jit_unused_properties__, "net_name",
+                                 "backbone", "class_names", "per_step_schedule"]
+
     def __init__(self, net: Optional[parts.NetworkCallable] = None,
                  image_shape: Optional[tuple[int, int, int]] = None,
                  num_classes: Optional[int] = None, class_names: Optional[list[str]] = None,
@@ -85,6 +90,7 @@ class ImageClassifier(L.LightningModule):
         # schedule. save_hyperparameters reads these locals.
         net, optimizer, scheduler = map(parts.as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
+        self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
         self.net = None
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MeanMetric(nan_strategy="disable")
@@ -204,12 +210,13 @@ class ImageClassifier(L.LightningModule):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on the same 0..255
         scale)."""
-        checks.check_ready(self.net, self.hparams.mean)
+        if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
+            checks.check_ready(self.net, self.hparams.mean)
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        if self.hparams.flip_test and not self.training:
+        if self.flip_test and not self.training:
             return (self.net(x) + self.net(x.flip(3))) / 2
         return self.net(x)
 

@@ -6,10 +6,13 @@ LightningModule's own exports (`to_onnx`, `to_torchscript`) of a model trained f
 import itertools
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from conftest import run_train
 
+from datamodules import MNISTDataModule
+from lit_models import ImageClassifier
 from train import TrainCLI
 
 CPU = ["--trainer.accelerator", "cpu"]
@@ -72,3 +75,52 @@ def test_deterministic_warn_holds_through_a_fit_and_its_test(mnist_dir, in_tmp, 
                               "--trainer.max_steps=2")) == 0
     assert torch_flags() == expected == (True, True, False)
 
+
+# --- the LightningModule's exports ----------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=[("mlp", False), ("cnn", True)], ids=["mlp", "cnn-flip"])
+def trained(request, tmp_path_factory):
+    """An ImageClassifier trained a few steps from Python with Lightning's Trainer (the CNN
+    averaging each image's logits with its mirror image's); test images."""
+    from conftest import write_mnist
+
+    folder = tmp_path_factory.mktemp("export")
+    data = MNISTDataModule(str(write_mnist(folder / "data")), batch_size=32)
+    L.seed_everything(0, verbose=False)
+    net, flip_test = request.param
+    model = ImageClassifier(net, lr=0.01, flip_test=flip_test)
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(folder))
+    trainer.fit(model, datamodule=data)
+    return model.eval(), data.read("test")[0][:8], folder
+
+
+def expected(model, images) -> np.ndarray:
+    with torch.no_grad():
+        return model(images).numpy()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_to_onnx_writes_what_the_model_computes(dynamic, trained):
+    import onnxruntime
+
+    model, images, folder = trained
+    path = folder / f"model-{dynamic}.onnx"
+    if dynamic:  # any batch size, as torch.onnx.export takes it
+        model.to_onnx(path, images[:2], dynamic_shapes=({0: torch.export.Dim("batch")},))
+    else:  # the model's example_input_array, one image
+        model.to_onnx(path)
+        images = images[:1]
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
+    np.testing.assert_allclose(got, expected(model, images), atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["script", "trace"])
+def test_to_torchscript_saves_what_the_model_computes(method, trained):
+    model, images, folder = trained
+    path = folder / f"model-{method}.pt"
+    model.to_torchscript(path, method=method)
+    loaded = torch.jit.load(str(path))
+    np.testing.assert_allclose(loaded(images).detach().numpy(), expected(model, images),
+                               atol=1e-5)
