@@ -26,7 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from datamodules import ImageDataModule
 from lit_cli import command_line, defaults, errors, model_options, record, runs, signals
 from lit_cli.errors import UsageError
-from lit_cli.trainer import Trainer
+from lit_cli.trainer import Trainer, check_strategy
 from lit_common.files import WholeCheckpointIO
 from lit_models import ImageClassifier
 
@@ -115,6 +115,7 @@ class TrainCLI(LightningCLI):
         # StochasticWeightAveraging copy the model before its configure_model runs.
         if self.datamodule is not None:
             self.model.take_from_data(self.datamodule, statistics=False)
+        check_strategy(self.given.trainer.strategy)
         if self.subcommand not in (None, "fit") and self.trainer.world_size > 1:
             raise UsageError(f"{self.subcommand} runs in one process: leave out "
                              f"--trainer.devices/num_nodes/strategy")

@@ -9,7 +9,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import run_train
+from conftest import ROOT, run_process, run_train, runs
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from datamodules import MNISTDataModule
 from lit_models import ImageClassifier
@@ -74,6 +75,53 @@ def test_deterministic_warn_holds_through_a_fit_and_its_test(mnist_dir, in_tmp, 
     assert run_train(fit_args(mnist_dir, "--trainer.deterministic=warn",
                               "--trainer.max_steps=2")) == 0
     assert torch_flags() == expected == (True, True, False)
+
+
+# --- strategies for two CPU processes -------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp", "ddp_find_unused_parameters_true",
+                                      "ddp_find_unused_parameters_false", "single_device"])
+def test_a_strategy_that_runs_is_the_one_lightnings_trainer_builds(strategy, mnist_dir, in_tmp):
+    plain = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False)
+    cli = TrainCLI(fit_args(mnist_dir, "--trainer.devices=2", f"--trainer.strategy={strategy}"),
+                   run=False)
+    assert type(cli.trainer.strategy) is type(plain.strategy)
+    assert cli.trainer.world_size == plain.world_size
+    assert isinstance(plain.strategy, (DDPStrategy, SingleDeviceStrategy))
+
+
+SPAWNED = [["--trainer.strategy=ddp_spawn"], ["--trainer.strategy=ddp_fork"],
+           ["--trainer.strategy=ddp_notebook"],
+           ["--trainer.strategy=ddp_spawn_find_unused_parameters_true"],
+           ["--trainer.strategy=ddp_fork_find_unused_parameters_false"],
+           ["--trainer.strategy=lightning.pytorch.strategies.DDPStrategy",
+            "--trainer.strategy.start_method=spawn"]]
+# Lightning's own refusals, each in one line: FSDP wants a GPU, DeepSpeed its package.
+LIGHTNINGS_REFUSALS = [(["--trainer.strategy=fsdp"], 2, "requires a GPU accelerator"),
+                       (["--trainer.strategy=fsdp_cpu_offload"], 2, "requires a GPU accelerator"),
+                       (["--trainer.strategy=deepspeed"], 2, "pip install -U deepspeed")]
+
+
+@pytest.mark.parametrize("strategy, code, says", [
+    *[(args, 2, args[-1].split("=")[1]) for args in SPAWNED], *LIGHTNINGS_REFUSALS],
+    ids=lambda value: value[-1].split("=")[1] if isinstance(value, list) else None)
+def test_a_strategy_that_cannot_run_is_refused_in_one_line_before_work_starts(
+        strategy, code, says, mnist_dir, in_tmp, capsys):
+    assert run_train(fit_args(mnist_dir, "--trainer.devices=2", "--trainer.max_steps=3",
+                              *strategy)) == code
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith("train.py: error: ") and says in last
+    assert not any(run.joinpath("checkpoints").exists() for run in runs(in_tmp))
+
+
+@pytest.mark.slow
+def test_ddp_finding_unused_parameters_trains_two_processes(mnist_dir, in_tmp):
+    done = run_process(fit_args(mnist_dir, "--trainer.devices=2", "--trainer.max_steps=3",
+                                "--trainer.strategy=ddp_find_unused_parameters_true"),
+                       cwd=in_tmp, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "mlp on mnist: test/acc" in done.stdout
 
 
 # --- the LightningModule's exports ----------------------------------------------------------------
