@@ -201,6 +201,7 @@ class ImageClassifier(L.LightningModule):
         checks.check_data_given(self.trainer.datamodule)
         if self.net is None and self.trainer.state.fn == "fit":
             checks.check_averaging(self.trainer.callbacks)
+            checks.check_started_here(self.trainer.strategy)
         self.take_from_data(self.trainer.datamodule)
 
     def check_data(self, data) -> None:

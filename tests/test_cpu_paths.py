@@ -124,6 +124,39 @@ def test_ddp_finding_unused_parameters_trains_two_processes(mnist_dir, in_tmp):
     assert "Traceback" not in done.stderr and "mlp on mnist: test/acc" in done.stdout
 
 
+# --- a spawned or forked fit from Python ----------------------------------------------------------
+
+def forked_fit(mnist_dir, tmp_path, model: ImageClassifier, built: bool) -> ImageClassifier:
+    """Fit `model` in two forked processes (Lightning's ddp_fork), from this one."""
+    data = MNISTDataModule(str(mnist_dir), batch_size=32)
+    if built:
+        model.take_from_data(data)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_steps=3,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(model, datamodule=data)
+    return model
+
+
+@pytest.mark.slow
+def test_a_forked_fit_gives_its_weights_back_to_a_model_built_before_it(mnist_dir, tmp_path):
+    L.seed_everything(0, verbose=False)
+    model = ImageClassifier("mlp", lr=0.01)
+    model.take_from_data(MNISTDataModule(str(mnist_dir)))
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    forked_fit(mnist_dir, tmp_path, model, built=True)
+    assert any(not torch.equal(before[k], v) for k, v in model.net.state_dict().items())
+
+
+@pytest.mark.slow
+def test_a_forked_fit_of_a_model_not_built_yet_is_refused_before_it_trains(mnist_dir, tmp_path):
+    # Lightning loads the weights back with strict=False: a model without its network would drop
+    # them all, and a test after it would build an untrained one.
+    with pytest.raises(Exception, match="take_from_data") as refused:
+        forked_fit(mnist_dir, tmp_path, ImageClassifier("mlp", lr=0.01), built=False)
+    assert "ModelError" in str(refused.value)
+
+
 # --- the LightningModule's exports ----------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=[("mlp", False), ("cnn", True)], ids=["mlp", "cnn-flip"])
