@@ -76,6 +76,15 @@ def other_classes(classes, model) -> bool:
     return classes is not None and list(classes) != model.class_names
 
 
+def check_can_build(trainer: L.Trainer, net) -> None:
+    """A ModelError where configure_model cannot build the network now: without a data module, or
+    in a fit that needed it before it starts."""
+    check_data_given(trainer.datamodule)
+    if net is None and trainer.state.fn == "fit":
+        check_averaging(trainer.callbacks)
+        check_started_here(trainer.strategy)
+
+
 def check_averaging(callbacks: list) -> None:
     """A ModelError for StochasticWeightAveraging, which copies the model in its setup, before
     configure_model builds the network from the data."""

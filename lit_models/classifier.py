@@ -65,8 +65,7 @@ class ImageClassifier(L.LightningModule):
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
 
-    # What torch.jit.script leaves out, as LightningModule does for its own properties: scripted
-    # (`to_torchscript()`), the model is `forward`, and these are Python's.
+    # Python's alone: torch.jit.script (`to_torchscript()`) leaves them out, as LightningModule's.
     __jit_unused_properties__ = [*L.LightningModule.__jit_unused_properties__, "net_name",
                                  "backbone", "class_names", "per_step_schedule"]
 
@@ -192,16 +191,12 @@ class ImageClassifier(L.LightningModule):
 
     def configure_model(self) -> None:
         """Take what the model lacks from the data module: the network if it is not built yet, and
-        the normalisation statistics. Lightning calls this hook after prepare_data and setup,
-        before it logs the hyperparameters and configures the optimizers; from the command line,
-        train.py has built the network already (take_from_data), for the callbacks that copy the
-        model in their setup."""
+        the normalisation statistics. Lightning calls this hook after prepare_data and setup, before
+        it logs the hyperparameters and configures the optimizers; train.py builds the network
+        before (take_from_data), for the callbacks that copy the model in their setup."""
         if self.net is not None and self.hparams.mean is not None:
             return
-        checks.check_data_given(self.trainer.datamodule)
-        if self.net is None and self.trainer.state.fn == "fit":
-            checks.check_averaging(self.trainer.callbacks)
-            checks.check_started_here(self.trainer.strategy)
+        checks.check_can_build(self.trainer, self.net)
         self.take_from_data(self.trainer.datamodule)
 
     def check_data(self, data) -> None:
@@ -209,8 +204,7 @@ class ImageClassifier(L.LightningModule):
         checks.check_data(self, data)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on the same 0..255
-        scale)."""
+        """Logits (N, num_classes) for uint8 images (N, C, H, W), or floats on the 0..255 scale."""
         if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
             checks.check_ready(self.net, self.hparams.mean)
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
