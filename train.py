@@ -26,7 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from datamodules import ImageDataModule
 from lit_cli import command_line, defaults, errors, model_options, record, runs, signals
 from lit_cli.errors import UsageError
-from lit_cli.trainer import Trainer
+from lit_cli.trainer import Trainer, check_strategy
 from lit_common.files import WholeCheckpointIO
 from lit_models import ImageClassifier
 
@@ -62,8 +62,7 @@ class TrainCLI(LightningCLI):
             super().__init__(
                 ImageClassifier, subclass_mode_model=True, subclass_mode_data=True,
                 trainer_class=Trainer, save_config_callback=runs.SaveConfig, args=args, run=run,
-                trainer_defaults={"max_epochs": 30, "benchmark": True,
-                                  "callbacks": callbacks or []},
+                trainer_defaults={"max_epochs": 30, "callbacks": callbacks or []},
                 seed_everything_default=0, auto_configure_optimizers=False,
                 save_config_kwargs={"save_to_log_dir": False},
                 parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
@@ -109,11 +108,7 @@ class TrainCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         trainer = self.given.trainer
         trainer.callbacks = defaults.without_those_that_step_aside(trainer)
-        if torch.cuda.is_available():
-            torch.set_float32_matmul_precision("high")  # TF32 for what stays in float32
-            on_gpu = trainer.accelerator in ("auto", "gpu", "cuda")
-            if trainer.precision is None and on_gpu and torch.cuda.is_bf16_supported():
-                trainer.precision = "bf16-mixed"  # on a CPU, 32-bit: bf16 autocast is slower
+        defaults.on_gpus(trainer)
 
     def instantiate_classes(self) -> None:
         try:
@@ -128,6 +123,7 @@ class TrainCLI(LightningCLI):
         # StochasticWeightAveraging copy the model before its configure_model runs.
         if self.datamodule is not None:
             self.model.take_from_data(self.datamodule, statistics=False)
+        check_strategy(self.given.trainer.strategy)
         if self.subcommand not in (None, "fit") and self.trainer.world_size > 1:
             raise UsageError(f"{self.subcommand} runs in one process: leave out "
                              f"--trainer.devices/num_nodes/strategy")

@@ -1,4 +1,5 @@
-"""The default callbacks, and when each steps aside for a flag or a callback of the user's.
+"""The default callbacks, and when each steps aside for a flag or a callback of the user's; the
+defaults on a GPU.
 
 They are the Trainer's `callbacks` default, so `--print_config` and config.yaml list them and
 `--trainer.callbacks+=X` adds to them; a recipe or config that gives `callbacks` replaces them.
@@ -7,6 +8,7 @@ They are the Trainer's `callbacks` default, so `--print_config` and config.yaml 
 import inspect
 from dataclasses import dataclass
 
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -116,3 +118,17 @@ def default_logger(trainer, given) -> None:
         return
     trainer.logger = TensorBoardLogger(save_dir=trainer.default_root_dir, default_hp_metric=False,
                                        version=SLURMEnvironment.job_id())
+
+
+def on_gpus(trainer: Namespace) -> None:
+    """The project's defaults where a run may use a GPU: TF32 for what stays in float32, bf16
+    mixed precision where the GPU has it (on a CPU, 32-bit: bf16 autocast is slower), and
+    cuDNN's autotuner as this session's setting. Not the Trainer's `benchmark`: Lightning's
+    None keeps the session's setting and its `deterministic` turns it off, as for any user's."""
+    on_gpu = trainer.accelerator in ("auto", "gpu", "cuda")
+    if not (torch.cuda.is_available() and on_gpu):
+        return
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.benchmark = True
+    if trainer.precision is None and torch.cuda.is_bf16_supported():
+        trainer.precision = "bf16-mixed"

@@ -1,4 +1,5 @@
-"""The Trainer train.py runs: Lightning's, with what its use commands add.
+"""The Trainer train.py runs: Lightning's, with what its use commands add, and the strategies it
+cannot run.
 
 LightningCLI makes a subcommand's options of the Trainer method of that name: `predict`'s
 `--inputs` and `--output`, and `export` as a subcommand of its own (LightningCLI's
@@ -8,6 +9,8 @@ LightningCLI makes a subcommand's options of the Trainer method of that name: `p
 from pathlib import Path
 
 import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.strategies import StrategyRegistry
 
 from lit_cli import predict as predict_files
 from lit_cli.errors import UsageError
@@ -56,3 +59,26 @@ class Trainer(L.Trainer):
         exported = exports.export(model, datamodule, format, output, Path(ckpt_path))
         self.wrote = exported["output"]
         return exported
+
+
+# Strategies whose processes are started by this one's (Lightning's ddp_spawn, ddp_fork,
+# ddp_notebook), where `popen`, Lightning's ddp, runs the command again for each.
+STARTED_HERE = ("spawn", "fork", "forkserver")
+
+
+def check_strategy(strategy: str | Namespace) -> None:
+    """A UsageError for a strategy that runs the command in processes this one starts: they give
+    back the weights and the logged metrics only (Lightning's docs), and train.py tests and
+    records a fit, and claims its run, in the process that ran it."""
+    if isinstance(strategy, Namespace):
+        start_method = (strategy.get("init_args") or Namespace()).get("start_method")
+        named = f"{strategy.class_path} --trainer.strategy.start_method {start_method}"
+    else:
+        start_method = dict.get(StrategyRegistry, strategy, {}).get("init_params", {}).get(
+            "start_method")
+        named = strategy
+    if start_method in STARTED_HERE:
+        raise UsageError(f"--trainer.strategy {named}: its processes start from this one and "
+                         f"give back only the weights and metrics, where train.py records and "
+                         f"tests a run in the process that trained it; give ddp (for a script, "
+                         f"Lightning's choice)")

@@ -3,6 +3,7 @@ batches, weights, checkpoints and callbacks that raise it (and the one state it 
 Each is a function of what it checks, so that the model's hooks read as what they do."""
 
 import math
+import multiprocessing
 
 import lightning as L
 import torch
@@ -75,6 +76,15 @@ def other_classes(classes, model) -> bool:
     return classes is not None and list(classes) != model.class_names
 
 
+def check_can_build(trainer: L.Trainer, net) -> None:
+    """A ModelError where configure_model cannot build the network now: without a data module, or
+    in a fit that needed it before it starts."""
+    check_data_given(trainer.datamodule)
+    if net is None and trainer.state.fn == "fit":
+        check_averaging(trainer.callbacks)
+        check_started_here(trainer.strategy)
+
+
 def check_averaging(callbacks: list) -> None:
     """A ModelError for StochasticWeightAveraging, which copies the model in its setup, before
     configure_model builds the network from the data."""
@@ -83,6 +93,18 @@ def check_averaging(callbacks: list) -> None:
                          "data: give the model its image_shape and num_classes, or call "
                          "model.take_from_data(data) before fitting (train.py does), or average "
                          "with EMA or WeightAveraging, which build it first")
+
+
+def check_started_here(strategy) -> None:
+    """A ModelError for a fit in processes Lightning started from the user's (ddp_spawn, ddp_fork,
+    ddp_notebook) of a model whose network is built only there: Lightning loads the trained
+    weights back into the user's model with strict=False, which drops those of a network it does
+    not have, and a test after it would build an untrained one."""
+    if strategy.launcher is not None and multiprocessing.parent_process() is not None:
+        raise ModelError("this fit trains in processes started from yours (ddp_spawn, ddp_fork), "
+                         "and Lightning gives the weights back only into a network the model "
+                         "has: call model.take_from_data(data) before trainer.fit (or give the "
+                         "model image_shape and num_classes), or use the strategy ddp")
 
 
 # Callbacks that change what a schedule over the whole run was planned for, after it was planned.

@@ -61,12 +61,14 @@ class ImageClassifier(L.LightningModule):
         flip_test: when evaluating (validation, test, predict, `classify`, exports), average the
             logits of each image and of its mirror image: test-time augmentation for data whose
             classes survive a flip.
-        channels_last: the NHWC memory layout for convolutional networks (faster on GPUs and CPUs
-            alike).
+        channels_last: the NHWC memory layout for convolutional networks (faster on GPUs, CPUs).
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
 
     takes_uint8_images = True  # ImageDataModule.gives_floats reads it: uint8 in, normalised here
+    # Python's alone: torch.jit.script (`to_torchscript()`) leaves them out, as LightningModule's.
+    __jit_unused_properties__ = [*L.LightningModule.__jit_unused_properties__, "net_name",
+                                 "backbone", "class_names", "per_step_schedule"]
 
     def __init__(self, net: Optional[parts.NetworkCallable] = None,
                  image_shape: Optional[tuple[int, int, int]] = None,
@@ -88,6 +90,7 @@ class ImageClassifier(L.LightningModule):
         # schedule. save_hyperparameters reads these locals.
         net, optimizer, scheduler = map(parts.as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
+        self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
         self.net = None
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MeanMetric(nan_strategy="disable")
@@ -188,15 +191,12 @@ class ImageClassifier(L.LightningModule):
 
     def configure_model(self) -> None:
         """Take what the model lacks from the data module: the network if it is not built yet, and
-        the normalisation statistics. Lightning calls this hook after prepare_data and setup,
-        before it logs the hyperparameters and configures the optimizers; from the command line,
-        train.py has built the network already (take_from_data), for the callbacks that copy the
-        model in their setup."""
+        the normalisation statistics. Lightning calls this hook after prepare_data and setup, before
+        it logs the hyperparameters and configures the optimizers; train.py builds the network
+        before (take_from_data), for the callbacks that copy the model in their setup."""
         if self.net is not None and self.hparams.mean is not None:
             return
-        checks.check_data_given(self.trainer.datamodule)
-        if self.net is None and self.trainer.state.fn == "fit":
-            checks.check_averaging(self.trainer.callbacks)
+        checks.check_can_build(self.trainer, self.net)
         self.take_from_data(self.trainer.datamodule)
 
     def check_data(self, data) -> None:
@@ -204,13 +204,14 @@ class ImageClassifier(L.LightningModule):
         checks.check_data(self, data)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (N, num_classes) for uint8 images (N, C, H, W) (or floats on that scale)."""
-        checks.check_ready(self.net, self.hparams.mean)
+        """Logits (N, num_classes) for uint8 images (N, C, H, W), or floats on the 0..255 scale."""
+        if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
+            checks.check_ready(self.net, self.hparams.mean)
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        if self.hparams.flip_test and not self.training:
+        if self.flip_test and not self.training:
             return (self.net(x) + self.net(x.flip(3))) / 2
         return self.net(x)
 
