@@ -86,8 +86,7 @@ class ImageClassifier(L.LightningModule):
         self.net_factory = parts.as_factory(net)
         self.optimizer_factory = parts.as_factory(optimizer)
         self.scheduler_factory = parts.as_factory(scheduler)
-        # Hyperparameters are data (as_spec): a checkpoint rebuilds the same network, optimizer and
-        # schedule. save_hyperparameters reads these locals.
+        # As data (as_spec), read by save_hyperparameters: a checkpoint rebuilds the same parts.
         net, optimizer, scheduler = map(parts.as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
         self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
@@ -205,13 +204,15 @@ class ImageClassifier(L.LightningModule):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W), or floats on the 0..255 scale."""
+        flip = self.flip_test
         if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
             checks.check_ready(self.net, self.hparams.mean)
+            flip = self.hparams.flip_test  # as the user set it, after loading too
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        if self.flip_test and not self.training:
+        if flip and not self.training:
             return (self.net(x) + self.net(x.flip(3))) / 2
         return self.net(x)
 
@@ -321,8 +322,7 @@ class ImageClassifier(L.LightningModule):
             checks.check_resumable(checkpoint, data)
 
     def check_weights(self, weights: dict) -> None:
-        """A ModelError naming the weights that are missing, unexpected or of another shape than
-        this model's."""
+        """A ModelError naming the weights missing, unexpected or of another shape than ours."""
         checks.check_weights(self, weights)
 
     def raise_if_not_finite(self) -> None:

@@ -22,7 +22,6 @@ EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or L
     "model/std",
     "model/mixup",
     "model/cutmix",
-    "data/float_images",
     "Learning rate",
     "model/label_smoothing",
     "model/flip_test",
