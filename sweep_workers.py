@@ -2,6 +2,7 @@
 per seed, until the study has what the sweep asked for or the sweep stops it."""
 
 import contextlib
+import fcntl
 import itertools
 import logging
 import multiprocessing
@@ -62,19 +63,27 @@ class Objective:
         self.stop_asked, self.in_optuna = False, False
         # One process of this sweep at a time chooses a trial and has it running: two that both
         # saw the one waiting retry would run it, and a new trial besides (more than asked).
-        self.turn = multiprocessing.get_context("spawn").Lock()
+        self.turn: int | None = None  # a lock file's descriptor, opened in the worker
         self.holds_turn = False
 
-    def take_turn(self, seconds: float) -> None:
-        """This process's turn to choose a trial, or none `seconds` later: a process killed in its
-        turn never gives it back."""
-        self.holds_turn = self.turn.acquire(timeout=seconds)
+    def take_turn(self) -> None:
+        """This process's turn to choose a trial, or none once a stop is asked. The lock is the
+        system's (flock): it goes with a killed holder, where a multiprocessing Lock stays taken
+        and a wait with a deadline ran two choices at once on a loaded machine."""
+        if self.turn is None:
+            self.turn = os.open(self.folder / ".turn.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        while not self.stop_asked and not self.holds_turn:
+            try:
+                fcntl.flock(self.turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.holds_turn = True
+            except BlockingIOError:
+                time.sleep(0.05)
 
     def end_turn(self) -> None:
         """The turn given back: the chosen trial runs (another process counts it), or none."""
         if self.holds_turn:
             self.holds_turn = False
-            self.turn.release()
+            fcntl.flock(self.turn, fcntl.LOCK_UN)
 
     def on_sigterm(self, signum, frame) -> None:
         """A worker's SIGTERM: noted, and a KeyboardInterrupt where no Trainer stops after its step
@@ -181,7 +190,7 @@ def work(name: str, store: RDBStorage, objective: Objective, trials: int, thread
         while not objective.stop_asked:
             objective.in_optuna = True
             optuna.storages.fail_stale_trials(study)
-            if ran_a_trial(study, objective, trials, store.get_heartbeat_interval()):
+            if ran_a_trial(study, objective, trials):
                 continue
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if objective.stop_asked or not running:
@@ -190,10 +199,10 @@ def work(name: str, store: RDBStorage, objective: Objective, trials: int, thread
             time.sleep(store.get_heartbeat_interval())
 
 
-def ran_a_trial(study: optuna.Study, objective: Objective, trials: int, heartbeat: int) -> bool:
+def ran_a_trial(study: optuna.Study, objective: Objective, trials: int) -> bool:
     """Whether this process found work left and ran a trial of it, in its turn among the sweep's
     processes (Objective.take_turn)."""
-    objective.take_turn(2 * heartbeat)
+    objective.take_turn()
     try:
         if objective.stop_asked or not work_left(study, objective, trials):
             return False
