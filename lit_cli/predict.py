@@ -11,9 +11,9 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from lit_cli.signals import raise_if_asked
 from lit_common.files import new_file, written_whole
 from lit_models import ModelError
 
@@ -83,8 +83,7 @@ class CSVPredictions(BasePredictionWriter):
             self.csv.writerow(row)
             self.rows.append(row)
         self.seen += len(probabilities)
-        if trainer.received_sigterm:  # Lightning's predict loop runs on through SIGTERM
-            raise SIGTERMException
+        raise_if_asked(trainer)  # Lightning's predict loop runs on through SIGTERM
 
     def name(self, trainer, n: int) -> str:
         if self.files:
@@ -115,8 +114,7 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
         seconds = time.perf_counter() - start
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
-        if trainer.received_sigterm:  # after the last batch's check: Lightning's loop ends quietly
-            raise SIGTERMException
+        raise_if_asked(trainer)  # after the last batch's check: Lightning's loop ends quietly
     trainer.wrote = target
     show(writer, model.class_names)
     return report(writer, target, seconds, trainer.strategy.root_device)

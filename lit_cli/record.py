@@ -32,10 +32,8 @@ def record(cli, stage: str, metrics: dict, checkpoint: str | None, extra: dict) 
         "log_dir": log_dir(trainer),
         f"{split}/acc_per_class": per_class or None,
     }
-    if trainer.is_global_zero and entry["log_dir"]:
-        write(entry)
-        trainer.wrote = Path(entry["log_dir"], "results.json")
     if trainer.is_global_zero:
+        trainer.wrote = write(entry)
         print(summary(entry, split, stage, checkpoint), flush=True)
     return entry
 
@@ -65,12 +63,16 @@ def of_the_fit(trainer, seconds: float, epochs: int, step: int) -> dict:
             "epochs": epochs, "global_step": step}
 
 
-def write(entry: dict) -> None:
+def write(entry: dict) -> Path | None:
+    """results.json in the entry's log folder, written whole; its path (none without a folder)."""
+    if not entry["log_dir"]:
+        return None
     finite = json.loads(json.dumps(entry), parse_constant=lambda nan: None)  # valid JSON
     # Names as given (classes, the run's folder), not as \u escapes.
     text = json.dumps(finite, indent=2, ensure_ascii=False)
     with written_whole(Path(entry["log_dir"], "results.json")) as tmp:
         tmp.write_text(text + "\n", encoding="utf-8")
+    return Path(entry["log_dir"], "results.json")
 
 
 def summary(entry: dict, split: str, stage: str, checkpoint: str | None) -> str:

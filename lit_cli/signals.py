@@ -74,8 +74,8 @@ def stopped(cli, stops: Stops) -> Stopped:
         return Stopped(f"stopped by {by} before the command started; nothing was written", code)
     if cli.subcommand != "fit":
         doing = f"{cli.subcommand.rstrip('e')}ing {cli.given.ckpt_path}"
-        return Stopped(f"stopped by {by} while {doing}; {wrote(trainer, 'no results were')}",
-                       code)
+        written = wrote(trainer) or "no results were written"
+        return Stopped(f"stopped by {by} while {doing}; {written}", code)
     if not cli.fitted:
         return Stopped(f"stopped by {by} in epoch {trainer.current_epoch} at step "
                        f"{trainer.global_step}; {saved(trainer)}", code)
@@ -85,17 +85,17 @@ def stopped(cli, stops: Stops) -> Stopped:
     if testing:
         when = "while testing after the fit, whose"
     results = ""
-    if getattr(trainer, "wrote", None) is not None:
-        results = f"; {wrote(trainer, '')}"
+    if wrote(trainer):
+        results = f"; {wrote(trainer)}"
     return Stopped(f"stopped by {by} {when} checkpoints are whole: train.py test --ckpt_path {run} "
                    f"tests it{results}", code)
 
 
-def wrote(trainer, nothing: str) -> str:
-    """The record a command wrote whole before it stopped (Trainer.wrote), or `nothing` written."""
+def wrote(trainer) -> str | None:
+    """The record a command wrote whole before it stopped (Trainer.wrote), if it wrote one."""
     written = getattr(trainer, "wrote", None)
     if written is None:
-        return f"{nothing} written"
+        return None
     return f"{written} was written whole"
 
 
