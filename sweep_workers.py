@@ -29,6 +29,9 @@ except ImportError:  # python sweep.py in a checkout
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 STOPS = {signal.SIGINT, signal.SIGTERM}
+# How often a process with no trial to run looks again at another's running one: it ends, or its
+# heartbeat goes stale. Not the heartbeat interval: a sweep's end waited that long (20 s) for nothing.
+POLL_SECONDS = 0.25
 
 
 def suggest(trial: optuna.Trial, key: str, spec):
@@ -196,7 +199,7 @@ def work(name: str, store: RDBStorage, objective: Objective, trials: int, thread
             if objective.stop_asked or not running:
                 break
             objective.in_optuna = False
-            time.sleep(store.get_heartbeat_interval())
+            time.sleep(POLL_SECONDS)
 
 
 def ran_a_trial(study: optuna.Study, objective: Objective, trials: int) -> bool:

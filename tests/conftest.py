@@ -18,6 +18,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+# One thread of torch per process: two pytest workers share two cores, and each process's pool
+# of two threads spun against the other's. Set before any test module imports torch, and
+# inherited by the processes the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -139,17 +144,30 @@ QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=
 
 def run_train(args: list[str], quiet: bool = True) -> int:
     """`python train.py ARGS` in this process (monkeypatches apply); its exit code."""
-    import logging
-
     import train
 
-    # Lightning's log handlers keep the stderr of the test that first imported it, closed since:
-    # this one's.
+    log_to_this_tests_stderr()
+    return train.main([*args, *(QUIET if quiet else [])])
+
+
+def log_to_this_tests_stderr() -> None:
+    """Lightning's log handlers keep the stderr of the test that first imported it, closed since:
+    this one's."""
+    import logging
+
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         for handler in logging.getLogger(name).handlers:
             if isinstance(handler, logging.StreamHandler):
                 handler.stream = sys.stderr
-    return train.main([*args, *(QUIET if quiet else [])])
+
+
+def run_sweep(args: list[str]) -> int:
+    """`python sweep.py ARGS` in this process; its exit code. For what stops before any worker
+    starts: a sweep that runs trials is a process (run_process), as its workers are."""
+    import sweep
+
+    log_to_this_tests_stderr()
+    return sweep.main(args)
 
 
 def run_process(

@@ -262,7 +262,9 @@ def test_trainer_calls_in_any_order_from_python(mnist_dir, tmp_path):
     again = L.Trainer(max_epochs=2, default_root_dir=tmp_path, **QUIET)
     again.fit(model, datamodule=data, ckpt_path=trainer.checkpoint_callback.best_model_path)
     assert again.current_epoch == 2 and tested > 0.5
-    compiled = again.test(torch.compile(model), datamodule=data, verbose=False)[0]["test/acc"]
+    # Dynamo's wrapper is what a test of it meets; inductor's C++ (seconds) is test_cli's compile.
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled = again.test(compiled, datamodule=data, verbose=False)[0]["test/acc"]
     assert compiled == again.test(model, datamodule=data, verbose=False)[0]["test/acc"]
 
 

@@ -38,9 +38,11 @@ def unbroken(tmp_path_factory):
 
 
 def in_folder(cwd: Path, args: list[str]) -> int:
-    """train.py's exit code for `args`, run in this process in `cwd`."""
+    """train.py's exit code for `args`, run in this process in `cwd`. A probe's signal goes to this
+    process, as test_stops sends its own; one real process is stopped by one below."""
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
+        patch.syspath_prepend(TESTS)
         return run_train(args)
 
 
@@ -53,16 +55,17 @@ def in_folder(cwd: Path, args: list[str]) -> int:
     ("SIGINT", 130, 8, ()),
 ])
 def test_a_signal_stops_after_the_step_and_resuming_ends_as_an_unbroken_run(
-        signal_name, code, step, extra, unbroken, mnist_dir, tmp_path):
+        signal_name, code, step, extra, unbroken, mnist_dir, tmp_path, capsys):
     stop = ["--trainer.callbacks+=probes.SignalAt", f"--trainer.callbacks.step={step}",
             f"--trainer.callbacks.signal_name={signal_name}"]
     args = [*BASE, "--data.data_dir", str(mnist_dir), *extra]
-    stopped = run_process(args + stop, cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    assert stopped.returncode == code, stopped.stderr[-2000:]
-    message = stopped.stderr.strip().splitlines()[-1]
+    returned = in_folder(tmp_path, args + stop)
+    err = capsys.readouterr().err
+    assert returned == code, err[-2000:]
+    message = err.strip().splitlines()[-1]
     assert message.startswith(
         f"train.py: error: stopped by {'Ctrl-C' if code == 130 else 'SIGTERM'} in epoch")
-    assert "last.ckpt" in message and "Traceback" not in stopped.stderr
+    assert "last.ckpt" in message and "Traceback" not in err
     assert torch.load(runs(tmp_path)[0] / "checkpoints" / "last.ckpt",
                       weights_only=True)["global_step"] >= step
     assert in_folder(tmp_path, args + ["--ckpt_path", "last"]) == 0
@@ -85,9 +88,8 @@ def test_augmented_cifar10_resumes_exactly(cifar10_dir, tmp_path):
     args = ["--model", "cnn", "--data.data_dir", str(cifar10_dir), "--data.batch_size", "32",
             "--trainer.max_epochs", "2", "--trainer.callbacks+=probes.SignalAt",
             "--trainer.callbacks.step=7"]
-    env = {"PYTHONPATH": f"{ROOT}:{TESTS}"}
     (tmp_path / "a").mkdir()
-    assert run_process(args, cwd=tmp_path / "a", env=env).returncode == 143
+    assert in_folder(tmp_path / "a", args) == 143
     assert in_folder(tmp_path / "a", args[:-2] + ["--ckpt_path", "last"]) == 0
     (tmp_path / "b").mkdir()
     assert in_folder(tmp_path / "b", args[:-2]) == 0
@@ -97,17 +99,19 @@ def test_augmented_cifar10_resumes_exactly(cifar10_dir, tmp_path):
 
 # the test's last batch, or one before it
 @pytest.mark.parametrize("eval_batch_size", ["1000", "20"])
-def test_sigterm_while_testing_is_reported_not_hidden(eval_batch_size, mnist_dir, tmp_path):
-    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir),
-                        "--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=-1",
-                        "--data.eval_batch_size", eval_batch_size], cwd=tmp_path,
-                       env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    assert (proc.returncode == 143
-            and "stopped by SIGTERM while testing" in proc.stderr.strip().splitlines()[-1])
+def test_sigterm_while_testing_is_reported_not_hidden(eval_batch_size, mnist_dir, tmp_path,
+                                                      capsys):
+    returned = in_folder(tmp_path, [*BASE, "--data.data_dir", str(mnist_dir),
+                                    "--trainer.callbacks+=probes.SignalAt",
+                                    "--trainer.callbacks.step=-1",
+                                    "--data.eval_batch_size", eval_batch_size])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert returned == 143 and "stopped by SIGTERM while testing" in last
     assert not (runs(tmp_path)[0] / "results.json").exists()
 
 
 def test_sigterm_after_the_last_step_before_the_test_is_not_lost(mnist_dir, tmp_path):
+    """A real process stopped by a real signal: its exit code as the system gives it."""
     proc = run_process([*BASE, "--data.data_dir", str(mnist_dir),
                         "--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=-4"],
                        cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
@@ -122,24 +126,24 @@ def test_sigterm_after_the_last_step_before_the_test_is_not_lost(mnist_dir, tmp_
 @pytest.mark.parametrize("command, step, said", [
     ("test", -1, "while testing"), ("validate", -2, "while validating"),
     ("predict", -3, "while predicting")])
-def test_sigterm_stops_every_use_command_with_a_true_line(command, step, said, trained, tmp_path):
-    proc = run_process([command, "--ckpt_path", str(trained.run), "--data.eval_batch_size", "20",
-                        "--trainer.callbacks+=probes.SignalAt", f"--trainer.callbacks.step={step}"],
-                       cwd=trained.cwd, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    last = proc.stderr.strip().splitlines()[-1]
-    assert (proc.returncode == 143 and said in last
-            and "Traceback" not in proc.stderr), proc.stderr[-1500:]
+def test_sigterm_stops_every_use_command_with_a_true_line(command, step, said, trained, capsys):
+    returned = in_folder(trained.cwd, [command, "--ckpt_path", str(trained.run),
+                                       "--data.eval_batch_size", "20",
+                                       "--trainer.callbacks+=probes.SignalAt",
+                                       f"--trainer.callbacks.step={step}"])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert returned == 143 and said in last and "Traceback" not in err, err[-1500:]
     assert not list(trained.run.glob("predictions-*.csv"))
 
 
 def test_sigterm_during_validation_saves_where_it_stopped_and_resumes_exactly(mnist_dir, tmp_path,
-                                                                              unbroken):
+                                                                              unbroken, capsys):
     args = [*BASE, "--data.data_dir", str(mnist_dir)]
-    stopped = run_process(args + ["--trainer.callbacks+=probes.SignalAt",
-                                  "--trainer.callbacks.step=-2"],
-                          cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    assert (stopped.returncode == 143
-            and "saved" in stopped.stderr.strip().splitlines()[-1]), stopped.stderr[-1500:]
+    returned = in_folder(tmp_path, args + ["--trainer.callbacks+=probes.SignalAt",
+                                           "--trainer.callbacks.step=-2"])
+    err = capsys.readouterr().err
+    assert returned == 143 and "saved" in err.strip().splitlines()[-1], err[-1500:]
     assert torch.load(runs(tmp_path)[0] / "checkpoints" / "last.ckpt",
                       weights_only=True)["global_step"] == 8
     assert in_folder(tmp_path, args + ["--ckpt_path", "last"]) == 0
@@ -165,12 +169,13 @@ def test_a_one_cycle_run_is_not_resumed_with_another_length(trained, monkeypatch
     assert "was planned for 24 optimizer steps and this run has 40" in capsys.readouterr().err
 
 
-def test_a_full_disk_stops_in_one_line_and_the_checkpoints_before_stay_whole(mnist_dir, tmp_path):
-    proc = run_process([*BASE, "--data.data_dir", str(mnist_dir),
-                        "--trainer.plugins=probes.FullDisk"],
-                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "No space left on device" in proc.stderr.strip().splitlines()[-1]
+def test_a_full_disk_stops_in_one_line_and_the_checkpoints_before_stay_whole(mnist_dir, tmp_path,
+                                                                           capsys):
+    returned = in_folder(tmp_path, [*BASE, "--data.data_dir", str(mnist_dir),
+                                    "--trainer.plugins=probes.FullDisk"])
+    err = capsys.readouterr().err
+    assert returned == 1 and "Traceback" not in err
+    assert "No space left on device" in err.strip().splitlines()[-1]
     for checkpoint in (runs(tmp_path)[0] / "checkpoints").glob("*.ckpt"):
         assert torch.load(checkpoint, weights_only=True)["epoch"] == 0  # whole
 
@@ -284,21 +289,23 @@ def test_a_checkpoint_whose_std_is_zero_is_refused(trained, tmp_path, monkeypatc
     assert "std > 0" in capsys.readouterr().err and not (tmp_path / "m.onnx").exists()
 
 
-def test_a_mid_epoch_checkpoint_without_the_data_position_is_refused(mnist_dir, tmp_path):
+def test_a_mid_epoch_checkpoint_without_the_data_position_is_refused(mnist_dir, tmp_path,
+                                                                     capsys):
     """An earlier version's checkpoint has no position in the epoch: resuming would train some
     batches twice."""
     args = [*BASE, "--data.data_dir", str(mnist_dir)]
-    stopped = run_process(args + ["--trainer.callbacks+=probes.SignalAt",
-                                  "--trainer.callbacks.step=5"],
-                          cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
-    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    stopped = in_folder(tmp_path, args + ["--trainer.callbacks+=probes.SignalAt",
+                                          "--trainer.callbacks.step=5"])
+    assert stopped == 143, capsys.readouterr().err[-2000:]
     last = runs(tmp_path)[0] / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
     assert checkpoint.pop("MNISTDataModule")["train_batches"] == {"epoch": 0, "batches": 5}
     torch.save(checkpoint, last)
-    resumed = run_process(args + ["--ckpt_path", "last"], cwd=tmp_path)
-    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
-    message = resumed.stderr.strip().splitlines()[-1]
+    capsys.readouterr()
+    resumed = in_folder(tmp_path, args + ["--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert resumed == 1 and "Traceback" not in err
+    message = err.strip().splitlines()[-1]
     assert (message.startswith("train.py: error: ")
             and "middle of epoch 0 without the position of MNISTData" in message)
     # left as it was
