@@ -134,6 +134,16 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+# The modules whose tests start sweeps, servers and nodes, and take longest: collected first, so
+# that pytest's workers share them from the start rather than one of them being left with one at
+# the end while the other has finished.
+LONGEST = ("test_sweep.py", "test_postgres.py", "test_multinode.py", "test_ddp.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in LONGEST)
+
+
 # --- running train.py as a user does
 # ---------------------------------------------------------------------------
 

@@ -182,7 +182,7 @@ def last_line(cwd: Path) -> str:
 
 
 def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repeating_a_trial(
-        mnist_dir, tmp_path):
+        mnist_dir, tmp_path, capsys):
     argv = command(["--grid", "model.lr=0.005,0.02", "--name", "s", "--trainer.max_epochs", "10"],
                    mnist_dir)
     proc = start(argv, tmp_path)
@@ -194,9 +194,11 @@ def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repea
                                    "the same command goes on with the study")
     # the interrupted trial, and its retry
     assert states(tmp_path) == ["COMPLETE", "FAIL", "WAITING"]
-    other = subprocess.run([*argv, "--trainer.max_epochs", "2"], cwd=tmp_path, capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert other.returncode == 2 and "was made by another command" in other.stderr
+    # another command on the study: refused before any worker starts (in this process)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        other = run_sweep([*argv[2:], "--trainer.max_epochs", "2"])
+    assert other == 2 and "was made by another command" in capsys.readouterr().err
     again(argv, tmp_path)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import run_process, run_train, runs
+from conftest import run_train, runs
 from PIL import Image
 
 from lit_models import ImageClassifier
@@ -186,13 +186,15 @@ def test_use_commands_need_a_checkpoint_and_know_their_options(in_run, capsys):
 
 
 @pytest.mark.slow
-def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path):
+def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path, monkeypatch,
+                                                            capsys):
     moved = tmp_path / "moved.ckpt"
     shutil.copy(json.loads((in_run.run / "results.json").read_text())["checkpoint"], moved)
-    proc = run_process(["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)],
-                       cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-1000:]
-    assert "mlp on mnist: test/acc" in proc.stdout
+    monkeypatch.chdir(tmp_path)  # away from its run
+    code = run_train(["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-1000:]
+    assert "mlp on mnist: test/acc" in out
 
 
 def test_an_explicit_output_is_replaced_only_by_a_whole_file(in_run, tmp_path, capsys):
