@@ -152,10 +152,15 @@ def storage(url: str, heartbeat: int = 20) -> RDBStorage:
         # Heartbeats: used knowingly.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = RetryHeartbeatStaleTrialCallback(max_retry=2)
+        engine = {}
+        if url.startswith("sqlite"):
+            # SQLite's own wait for another process's lock (5 s) is short on a loaded machine: a
+            # worker's query failed with "database is locked" while the others wrote.
+            engine = {"connect_args": {"timeout": 60}}
         for _ in range(3):
             try:
-                return RDBStorage(url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                                  heartbeat_stale_trial_callback=retry)
+                return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat,
+                                  grace_period=3 * heartbeat, heartbeat_stale_trial_callback=retry)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
                 # Machines starting at once on a new database all create Optuna's tables, and
                 # all but one fail at a step that another took first (optuna#1092): what it

@@ -30,7 +30,7 @@ except ImportError:  # python sweep.py in a checkout
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 STOPS = {signal.SIGINT, signal.SIGTERM}
 # How often a process with no trial to run looks again at another's running one: it ends, or its
-# heartbeat goes stale. Not the heartbeat interval: a sweep's end waited that long (20 s) for nothing.
+# heartbeat goes stale. Not the heartbeat interval: a sweep's end waited that long for nothing.
 POLL_SECONDS = 0.25
 
 

@@ -100,15 +100,17 @@ class MemoryGrowth(L.Callback):
 
 
 class SlowTest(L.Callback):
-    """Testing starts `seconds` late, and the file `flag` says that it has begun: a signal can
-    land while testing."""
+    """The first testing to begin (no file `flag` yet) starts `seconds` late, and `flag` says that
+    it has begun: a signal can land while testing. Later ones (the same command again) do not
+    wait."""
 
     def __init__(self, flag: str, seconds: float = 5):
         self.flag, self.seconds = flag, seconds
 
     def on_test_start(self, trainer, pl_module):
-        open(self.flag, "w").close()
-        time.sleep(self.seconds)
+        if not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            time.sleep(self.seconds)
 
 
 class SignalAtBatch(L.Callback):

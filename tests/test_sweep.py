@@ -23,6 +23,15 @@ def sweep(args, cwd, data, **kwargs):
     return proc
 
 
+def sweep_here(args, cwd, data, capfd) -> None:
+    """A sweep that ends well, run in this process (its workers are processes, as ever)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        code = run_sweep([*args, *BASE, "--data.data_dir", str(data)])
+    err = capfd.readouterr().err
+    assert code == 0, err[-3000:]
+
+
 def study(cwd) -> optuna.Study:
     (db,) = (cwd / "lightning_logs" / "sweeps").glob("*/study.db")
     (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
@@ -86,12 +95,11 @@ def test_the_same_command_again_runs_nothing_and_optuna_reads_the_study(grid):
     assert listed.returncode == 0 and listed.stdout.count('"number"') == 2
 
 
-def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path):
+def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path, capfd):
     (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n"
                                          "data.batch_size: [32, 64]\n")
-    proc = sweep(["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"], tmp_path,
-                 mnist_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep_here(["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"], tmp_path,
+               mnist_dir, capfd)
     trials = study(tmp_path).get_trials()
     assert len(trials) == 6 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
     assert all(0.001 <= t.params["model.lr"] <= 0.1 and t.params["data.batch_size"] in (32, 64)
@@ -99,9 +107,8 @@ def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path):
     assert all(len(t.intermediate_values) >= 1 for t in trials)  # each epoch's val/acc reported
 
 
-def test_a_failing_trial_fails_alone(mnist_dir, tmp_path):
-    proc = sweep(["--grid", "model.lr=1e12,0.01", "--name", "nan"], tmp_path, mnist_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_a_failing_trial_fails_alone(mnist_dir, tmp_path, capfd):
+    sweep_here(["--grid", "model.lr=1e12,0.01", "--name", "nan"], tmp_path, mnist_dir, capfd)
     states = {t.params["model.lr"]: t.state.name for t in study(tmp_path).get_trials()}
     assert states == {1e12: "FAIL", 0.01: "COMPLETE"}
 
@@ -149,13 +156,14 @@ def wait_for(cwd: Path, pattern: str, count: int, proc: subprocess.Popen) -> Non
         time.sleep(0.1)
 
 
-def again(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """The same command, to its end."""
-    proc = subprocess.run(argv, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    return proc
+def again(argv: list[str], cwd: Path, capfd) -> None:
+    """The same command, to its end: in this process, its workers processes as ever (what is
+    tested is the study it leaves)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        code = run_sweep(argv[2:])
+    err = capfd.readouterr().err
+    assert code == 0 and "Traceback" not in err, err[-3000:]
 
 
 def states(cwd: Path) -> list[str]:
@@ -182,7 +190,7 @@ def last_line(cwd: Path) -> str:
 
 
 def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repeating_a_trial(
-        mnist_dir, tmp_path, capsys):
+        mnist_dir, tmp_path, capfd):
     argv = command(["--grid", "model.lr=0.005,0.02", "--name", "s", "--trainer.max_epochs", "10"],
                    mnist_dir)
     proc = start(argv, tmp_path)
@@ -198,13 +206,14 @@ def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repea
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         other = run_sweep([*argv[2:], "--trainer.max_epochs", "2"])
-    assert other == 2 and "was made by another command" in capsys.readouterr().err
-    again(argv, tmp_path)
+    assert other == 2 and "was made by another command" in capfd.readouterr().err
+    again(argv, tmp_path, capfd)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
 def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_again(mnist_dir,
-                                                                                    tmp_path):
+                                                                                    tmp_path,
+                                                                                    capfd):
     # a trial's test has begun, and waits 3 s; the other worker's trial trains or tests
     flag = tmp_path / "testing"
     argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2",
@@ -221,11 +230,12 @@ def test_sigterm_while_a_trial_tests_stops_every_worker_and_each_setting_runs_ag
     # each trial begun (the second worker may still have been starting), and its retry
     stopped = states(tmp_path)
     assert set(stopped) == {"FAIL", "WAITING"} and stopped.count("FAIL") == stopped.count("WAITING")
-    again(argv, tmp_path)
+    again(argv, tmp_path, capfd)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
-def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_dir, tmp_path):
+def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_dir, tmp_path,
+                                                                          capfd):
     import psutil
 
     argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2",
@@ -240,13 +250,13 @@ def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_d
     assert not psutil.wait_procs(children, timeout=60)[1], "a worker outlived its sweep"
     # each stopped after its step, its trial waiting to run again
     assert "RUNNING" not in states(tmp_path)
-    again(argv, tmp_path)
+    again(argv, tmp_path, capfd)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
 @pytest.mark.parametrize("how", ["--grid", "--space"])
 def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_stop(how, mnist_dir,
-                                                                                  tmp_path):
+                                                                                  tmp_path, capfd):
     import psutil
 
     (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n")
@@ -262,7 +272,7 @@ def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_sto
     # until another process sees that their heartbeats stopped
     killed = states(tmp_path).count("RUNNING")
     assert killed >= 1
-    again(argv, tmp_path)
+    again(argv, tmp_path, capfd)
     if how == "--grid":
         each_setting_complete_once(tmp_path, [0.005, 0.02])
     else:
