@@ -128,6 +128,19 @@ def fashion_mnist_dir(tmp_path) -> Path:
 
 
 @pytest.fixture
+def own_modules(tmp_path, monkeypatch) -> Path:
+    """tmp_path on sys.path, as PYTHONPATH puts a user's folder for a process: the modules a test
+    writes there import, and are forgotten after it (another test's module of that name is its
+    own)."""
+    before = set(sys.modules)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if str(getattr(sys.modules[name], "__file__", None)).startswith(str(tmp_path)):
+            del sys.modules[name]
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run in an empty directory, so lightning_logs/ lands there."""
     monkeypatch.chdir(tmp_path)

@@ -65,12 +65,16 @@ class Net(nn.Sequential):
 
 
 @pytest.mark.slow
-def test_a_class_taking_num_classes_alone_trains_with_its_settings_and_loads(mnist_dir, tmp_path):
+def test_a_class_taking_num_classes_alone_trains_with_its_settings_and_loads(mnist_dir,
+                                                                             own_modules,
+                                                                             monkeypatch, capsys):
+    """Trained in this process, loaded in a fresh one: from what the checkpoint holds."""
+    tmp_path = own_modules
     (tmp_path / "own.py").write_text(textwrap.dedent(OWN_NETWORK))
-    env = {"PYTHONPATH": f"{ROOT}:{tmp_path}"}
     args = ["--model", "mlp", "--model.net", "own.Net", "--model.net.width", "16"]
-    proc = run_process([*args, "--data.data_dir", str(mnist_dir), *SHORT], cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    code = run_train([*args, "--data.data_dir", str(mnist_dir), *SHORT])
+    assert code == 0, capsys.readouterr().err[-2000:]
     (run,) = runs(tmp_path)
     load = (
         "import sys; from lit_models import ImageClassifier; "

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 import yaml
-from conftest import ROOT, results, run_in_terminal, run_process, run_train, runs, scalars
+from conftest import ROOT, results, run_in_terminal, run_train, runs, scalars
 
 import datamodules
 from lit_cli import command_line
@@ -315,7 +315,9 @@ class Stripes(ImageDataModule):
 
 
 @pytest.mark.slow
-def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_path):
+def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(own_modules,
+                                                                         monkeypatch, capsys):
+    tmp_path = own_modules
     (tmp_path / "mine.py").write_text(textwrap.dedent(EXTENSION))
     (tmp_path / "tiny.yaml").write_text(
         yaml.safe_dump(
@@ -332,19 +334,17 @@ def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(tmp_pa
             }
         )
     )
-    proc = run_process(
-        ["--config", "tiny.yaml"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"}
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    code = run_train(["--config", "tiny.yaml"])
+    assert code == 0, capsys.readouterr().err[-2000:]
     record = results(runs(tmp_path)[0])
     assert (
         record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "TinyNet"
     )
     assert set(record["test/acc_per_class"]) == {"horizontal", "vertical"}
-    proc = run_process(
-        ["test", "--ckpt_path", "best"], cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{tmp_path}"}
-    )
-    assert proc.returncode == 0 and "test/acc 1.0000" in proc.stdout
+    capsys.readouterr()
+    code = run_train(["test", "--ckpt_path", "best"])
+    assert code == 0 and "test/acc 1.0000" in capsys.readouterr().out
 
 
 def test_the_registries_hold_the_built_in_names():  # and more once a user adds some

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import ROOT, SWEEP, run_process, run_train, runs, write_mnist
+from conftest import ROOT, run_sweep, run_train, runs, write_mnist
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
@@ -197,24 +197,11 @@ def test_a_network_that_cannot_be_built_says_so_in_one_line(mnist, tmp_path, mon
 
 
 @pytest.mark.slow
-def test_a_sweep_over_the_hidden_width_trains_each_width(mnist, tmp_path):
-    proc = run_process(
-        [
-            "--model",
-            "mlp",
-            "--grid",
-            "model.net.hidden=16,48",
-            "--name",
-            "w",
-            "--data.data_dir",
-            str(mnist),
-            *BASE,
-        ],
-        cwd=tmp_path,
-        script=SWEEP,
-        quiet=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_a_sweep_over_the_hidden_width_trains_each_width(mnist, tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)  # sweep.main in this process; its worker is a process
+    args = ["--model", "mlp", "--grid", "model.net.hidden=16,48", "--name", "w",
+            "--data.data_dir", str(mnist), *BASE]
+    assert run_sweep(args) == 0, capfd.readouterr().err[-2000:]
     trials = sorted(
         (tmp_path / "lightning_logs" / "sweeps" / "w").glob("trial_*/lightning_logs/version_0")
     )
@@ -540,7 +527,9 @@ def test_a_plain_lightning_module_fits_and_tests_on_every_data_module_on_floats(
 
 
 @pytest.mark.slow
-def test_the_readmes_network_and_loss_of_ones_own_train_from_the_command_line(mnist, tmp_path):
+def test_the_readmes_network_and_loss_of_ones_own_train_from_the_command_line(mnist, own_modules,
+                                                                              monkeypatch, capsys):
+    tmp_path = own_modules
     import re
 
     readme = (ROOT / "README.md").read_text()
@@ -553,22 +542,10 @@ def test_the_readmes_network_and_loss_of_ones_own_train_from_the_command_line(mn
         (tmp_path / f"{name}.py").write_text(code)
     (recipe,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "my_nets.Wide" in b]
     (tmp_path / "wide.yaml").write_text(recipe)
-    proc = run_process(
-        [
-            "--config",
-            "wide.yaml",
-            "--model",
-            "my_losses.Focal",
-            "--model.net.hidden",
-            "24",
-            "--data.data_dir",
-            str(mnist),
-            *BASE,
-        ],
-        cwd=tmp_path,
-        env={"PYTHONPATH": f"{ROOT}:{tmp_path}"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)
+    args = ["--config", "wide.yaml", "--model", "my_losses.Focal", "--model.net.hidden", "24",
+            "--data.data_dir", str(mnist), *BASE]
+    assert run_train(args) == 0, capsys.readouterr().err[-2000:]
     (run,) = runs(tmp_path)
     assert shapes(run)["net.1.weight"] == (24, 784)
     config = yaml.safe_load((run / "config.yaml").read_text())["model"]
