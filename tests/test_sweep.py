@@ -23,13 +23,13 @@ def sweep(args, cwd, data, **kwargs):
     return proc
 
 
-def sweep_here(args, cwd, data, capfd) -> None:
-    """A sweep that ends well, run in this process (its workers are processes, as ever)."""
+def sweep_here(args, cwd, data, capfd) -> tuple[int, str]:
+    """A sweep run in this process (its workers are processes, as ever): its exit code and what
+    it and its workers wrote to stderr."""
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
         code = run_sweep([*args, *BASE, "--data.data_dir", str(data)])
-    err = capfd.readouterr().err
-    assert code == 0, err[-3000:]
+    return code, capfd.readouterr().err
 
 
 def study(cwd) -> optuna.Study:
@@ -98,8 +98,9 @@ def test_the_same_command_again_runs_nothing_and_optuna_reads_the_study(grid):
 def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path, capfd):
     (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n"
                                          "data.batch_size: [32, 64]\n")
-    sweep_here(["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"], tmp_path,
-               mnist_dir, capfd)
+    code, err = sweep_here(["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"],
+                           tmp_path, mnist_dir, capfd)
+    assert code == 0, err[-3000:]
     trials = study(tmp_path).get_trials()
     assert len(trials) == 6 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
     assert all(0.001 <= t.params["model.lr"] <= 0.1 and t.params["data.batch_size"] in (32, 64)
@@ -108,7 +109,9 @@ def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path, capfd):
 
 
 def test_a_failing_trial_fails_alone(mnist_dir, tmp_path, capfd):
-    sweep_here(["--grid", "model.lr=1e12,0.01", "--name", "nan"], tmp_path, mnist_dir, capfd)
+    code, err = sweep_here(["--grid", "model.lr=1e12,0.01", "--name", "nan"], tmp_path, mnist_dir,
+                           capfd)
+    assert code == 0, err[-3000:]
     states = {t.params["model.lr"]: t.state.name for t in study(tmp_path).get_trials()}
     assert states == {1e12: "FAIL", 0.01: "COMPLETE"}
 
