@@ -70,9 +70,10 @@ def write(entry: dict) -> Path | None:
     finite = json.loads(json.dumps(entry), parse_constant=lambda nan: None)  # valid JSON
     # Names as given (classes, the run's folder), not as \u escapes.
     text = json.dumps(finite, indent=2, ensure_ascii=False)
-    with written_whole(Path(entry["log_dir"], "results.json")) as tmp:
+    path = Path(entry["log_dir"], "results.json")
+    with written_whole(path) as tmp:
         tmp.write_text(text + "\n", encoding="utf-8")
-    return Path(entry["log_dir"], "results.json")
+    return path
 
 
 def summary(entry: dict, split: str, stage: str, checkpoint: str | None) -> str:

@@ -85,8 +85,9 @@ def stopped(cli, stops: Stops) -> Stopped:
     if testing:
         when = "while testing after the fit, whose"
     results = ""
-    if wrote(trainer):
-        results = f"; {wrote(trainer)}"
+    written = wrote(trainer)
+    if written:
+        results = f"; {written}"
     return Stopped(f"stopped by {by} {when} checkpoints are whole: train.py test --ckpt_path {run} "
                    f"tests it{results}", code)
 

@@ -185,8 +185,8 @@ def log_to_this_tests_stderr() -> None:
 
 
 def run_sweep(args: list[str]) -> int:
-    """`python sweep.py ARGS` in this process; its exit code. For what stops before any worker
-    starts: a sweep that runs trials is a process (run_process), as its workers are."""
+    """`python sweep.py ARGS` in this process (monkeypatches apply); its exit code. Its workers
+    are processes, as ever."""
     import sweep
 
     log_to_this_tests_stderr()

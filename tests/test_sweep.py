@@ -23,12 +23,12 @@ def sweep(args, cwd, data, **kwargs):
     return proc
 
 
-def sweep_here(args, cwd, data, capfd) -> tuple[int, str]:
-    """A sweep run in this process (its workers are processes, as ever): its exit code and what
-    it and its workers wrote to stderr."""
+def sweep_here(args, cwd, capfd) -> tuple[int, str]:
+    """`python sweep.py ARGS` in `cwd`, run in this process (its workers are processes, as ever):
+    its exit code and what it and its workers wrote to stderr."""
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
-        code = run_sweep([*args, *BASE, "--data.data_dir", str(data)])
+        code = run_sweep(args)
     return code, capfd.readouterr().err
 
 
@@ -98,8 +98,8 @@ def test_the_same_command_again_runs_nothing_and_optuna_reads_the_study(grid):
 def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path, capfd):
     (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n"
                                          "data.batch_size: [32, 64]\n")
-    code, err = sweep_here(["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"],
-                           tmp_path, mnist_dir, capfd)
+    args = ["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"]
+    code, err = sweep_here([*args, *BASE, "--data.data_dir", str(mnist_dir)], tmp_path, capfd)
     assert code == 0, err[-3000:]
     trials = study(tmp_path).get_trials()
     assert len(trials) == 6 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
@@ -109,8 +109,8 @@ def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path, capfd):
 
 
 def test_a_failing_trial_fails_alone(mnist_dir, tmp_path, capfd):
-    code, err = sweep_here(["--grid", "model.lr=1e12,0.01", "--name", "nan"], tmp_path, mnist_dir,
-                           capfd)
+    args = ["--grid", "model.lr=1e12,0.01", "--name", "nan"]
+    code, err = sweep_here([*args, *BASE, "--data.data_dir", str(mnist_dir)], tmp_path, capfd)
     assert code == 0, err[-3000:]
     states = {t.params["model.lr"]: t.state.name for t in study(tmp_path).get_trials()}
     assert states == {1e12: "FAIL", 0.01: "COMPLETE"}
@@ -162,10 +162,7 @@ def wait_for(cwd: Path, pattern: str, count: int, proc: subprocess.Popen) -> Non
 def again(argv: list[str], cwd: Path, capfd) -> None:
     """The same command, to its end: in this process, its workers processes as ever (what is
     tested is the study it leaves)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(cwd)
-        code = run_sweep(argv[2:])
-    err = capfd.readouterr().err
+    code, err = sweep_here(argv[2:], cwd, capfd)
     assert code == 0 and "Traceback" not in err, err[-3000:]
 
 
@@ -206,10 +203,8 @@ def test_ctrl_c_stops_a_sweep_in_one_line_and_it_goes_on_without_losing_or_repea
     # the interrupted trial, and its retry
     assert states(tmp_path) == ["COMPLETE", "FAIL", "WAITING"]
     # another command on the study: refused before any worker starts (in this process)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        other = run_sweep([*argv[2:], "--trainer.max_epochs", "2"])
-    assert other == 2 and "was made by another command" in capfd.readouterr().err
+    other, err = sweep_here([*argv[2:], "--trainer.max_epochs", "2"], tmp_path, capfd)
+    assert other == 2 and "was made by another command" in err
     again(argv, tmp_path, capfd)
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
