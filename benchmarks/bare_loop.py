@@ -27,9 +27,9 @@ def main() -> None:
     cli = train.TrainCLI(args + quiet, run=False)
     device = cli.trainer.strategy.root_device
     data, recipe = cli.datamodule, cli.model
+    data.trainer = cli.trainer  # its splits go to the trainer's device, as in a fit
     data.prepare_data()
     data.setup("fit")
-    data.splits = {k: (x.to(device), y.to(device)) for k, (x, y) in data.splits.items()}
     hp = {k: v for k, v in recipe.hparams.items()
           if not k.startswith("_") and k not in ("optimizer", "scheduler")}
     hp.update(image_shape=data.image_shape, num_classes=len(data.classes),

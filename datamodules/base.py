@@ -48,13 +48,15 @@ def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
     exactly (from a 256-bin histogram per channel, in float64)."""
     channels = images.shape[1]
     step = max(1, (1 << 24) // math.prod(images.shape[1:]))  # parts of 16 MB
-    counts = torch.zeros(channels, 256, dtype=torch.float64)
+    # On the host, whatever the default device: Lightning calls configure_model, which asks for
+    # these, with the training device as the default.
+    counts = torch.zeros(channels, 256, dtype=torch.float64, device="cpu")
     for rows in torch.arange(len(images), device=images.device).split(step):
         # `images`: a tensor or DiskImages
         values = images.index_select(0, rows).transpose(0, 1).reshape(channels, -1).cpu()
         # counted as uint8: no wider copy
         counts += torch.stack([torch.bincount(v, minlength=256) for v in values])
-    levels = torch.arange(256, dtype=torch.float64) / 255
+    levels = torch.arange(256, dtype=torch.float64, device="cpu") / 255
     mean = (counts * levels).sum(1) / counts.sum(1)
     var = (counts * levels.square()).sum(1) / counts.sum(1) - mean.square()
     return mean.tolist(), var.clamp(min=0).sqrt().tolist()
@@ -156,7 +158,7 @@ class DiskImages:
     def __init__(self, path, shape: tuple[int, ...], offset: int = 0,
                  rows: Optional[torch.Tensor] = None, device="cpu"):
         self.path, self.offset, self.device = str(path), offset, torch.device(device)
-        self.rows = torch.arange(shape[0]) if rows is None else rows
+        self.rows = torch.arange(shape[0], device="cpu") if rows is None else rows
         self.shape = (len(self.rows), *shape[1:])
 
     def __len__(self) -> int:
@@ -169,7 +171,7 @@ class DiskImages:
         return DiskImages(self.path, self.shape, self.offset, self.rows, device)
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        images = torch.empty(len(index), *self.shape[1:], dtype=torch.uint8)
+        images = torch.empty(len(index), *self.shape[1:], dtype=torch.uint8, device="cpu")
         with open(self.path, "rb", buffering=0) as file:
             for image, row in zip(images.numpy(), self.rows[index.cpu()].tolist()):
                 file.seek(self.offset + row * image.nbytes)
@@ -299,7 +301,8 @@ class ImageDataModule(L.LightningDataModule):
                 if size >= n:
                     raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} "
                                     f"training images to train")
-                order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
+                generator = torch.Generator().manual_seed(self.split_seed)
+                order = torch.randperm(n, generator=generator, device="cpu")
                 parts = {"train": order[size:]}
                 if not self.has_val_split:
                     parts["val"] = order[:size]

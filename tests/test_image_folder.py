@@ -115,6 +115,18 @@ def test_the_cache_is_read_the_second_time_and_rebuilt_when_a_file_changes(
     )  # no temporary
 
 
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_statistics_do_not_depend_on_torchs_default_device(in_memory, png_dir, tmp_path):
+    """Lightning calls configure_model, where the model asks the data for its statistics, with the
+    training device as torch's default device; the images are counted on the host all the same.
+    A GPU showed it; "meta" stands in for the GPU this machine lacks."""
+    expected = ready(png_dir, tmp_path, in_memory=in_memory)
+    dm = ready(png_dir, tmp_path, in_memory=in_memory)
+    with torch.device("meta"):
+        mean, std = dm.mean, dm.std
+    assert (mean, std) == (expected.mean, expected.std) and 0 < min(std)
+
+
 @pytest.mark.parametrize("channels", [3, 1])
 def test_batches_from_disk_are_those_from_memory_and_resume_exactly(channels, tmp_path):
     write_folder(tmp_path / "f", channels=channels)
