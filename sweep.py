@@ -249,7 +249,9 @@ def run_sweep(argv: list[str], stop: workers.Stop) -> int:
     trials = trial_count(opts, space)
     threads = max(1, usable_cpus() // opts.parallel)
     seeds = [seed + i for i in range(opts.seeds)]
-    objective = workers.Objective(base, space, grid, seeds, folder, f"OMP_NUM_THREADS={threads} ")
+    turn = workers.study_turn(url, folder, name)
+    objective = workers.Objective(base, space, grid, seeds, folder, f"OMP_NUM_THREADS={threads} ",
+                                  turn)
     print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
     samplers = sampler_seeds(seed, opts.parallel, len(study.trials), grid)
     workers.run_workers(stop, [(name, store, objective, trials, threads, s) for s in samplers])

@@ -3,6 +3,7 @@ per seed, until the study has what the sweep asked for or the sweep stops it."""
 
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import logging
 import multiprocessing
@@ -15,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 import torch
 import yaml
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -56,37 +58,86 @@ def prunes(space: dict, grid: bool) -> bool:
     return bool(space) and not grid
 
 
+class FileTurn:
+    """The turn of the processes of one machine: a lock on a file (flock), which the system takes
+    back from a killed holder, where a multiprocessing Lock stays taken."""
+
+    def __init__(self, path: Path):
+        self.path, self.descriptor = path, None  # opened in the worker
+
+    def try_take(self) -> bool:
+        if self.descriptor is None:
+            self.descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def give_back(self) -> None:
+        fcntl.flock(self.descriptor, fcntl.LOCK_UN)
+
+
+class ServerTurn:
+    """The turn of every machine's processes on a study in PostgreSQL: an advisory lock of the
+    server, held by a connection of its own. The server ends the lock with the connection: a
+    killed holder's at once, a dead machine's within about 25 s (TCP keepalives)."""
+
+    KEEPALIVES = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+
+    def __init__(self, url: str, study: str):
+        self.url, self.connection = url, None  # connected in the worker
+        digest = hashlib.blake2b(f"lit-sweep turn {study}".encode(), digest_size=8).digest()
+        self.key = int.from_bytes(digest, "big", signed=True)
+
+    def try_take(self) -> bool:
+        if self.connection is None:
+            engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool,
+                                              isolation_level="AUTOCOMMIT",
+                                              connect_args={"options": self.KEEPALIVES})
+            self.connection = engine.connect()
+        query = sqlalchemy.text("SELECT pg_try_advisory_lock(:key)")
+        return bool(self.connection.execute(query, {"key": self.key}).scalar())
+
+    def give_back(self) -> None:
+        self.connection.close()  # and the lock with it
+        self.connection = None
+
+
+def study_turn(url: str, folder: Path, study: str) -> FileTurn | ServerTurn:
+    """The turn to choose a trial of `study` (at `url`): among all machines where the study is on
+    a PostgreSQL server, else among this machine's processes."""
+    if url.startswith("postgresql"):
+        return ServerTurn(url, study)
+    return FileTurn(folder / ".turn.lock")
+
+
 class Objective:
     """Trains a trial's setting once per seed; its value is the mean of their val/acc_best."""
 
     def __init__(self, base: list[str], space: dict, grid: bool, seeds: list[int], folder: Path,
-                 threads: str):
+                 threads: str, turn: FileTurn | ServerTurn):
         self.base, self.space, self.grid, self.seeds = base, space, grid, seeds
         self.folder, self.threads = folder, threads
         self.stop_asked, self.in_optuna = False, False
-        # One process of this sweep at a time chooses a trial and has it running: two that both
-        # saw the one waiting retry would run it, and a new trial besides (more than asked).
-        self.turn: int | None = None  # a lock file's descriptor, opened in the worker
-        self.holds_turn = False
+        # One process of the study at a time chooses a trial, until its setting is in the study:
+        # two that both saw the one waiting retry, or the last grid setting free, would run it,
+        # and a new trial besides (more than asked). A wait with a deadline, in place of a lock,
+        # ran two choices at once on a loaded machine.
+        self.turn, self.holds_turn = turn, False
 
     def take_turn(self) -> None:
-        """This process's turn to choose a trial, or none once a stop is asked. The lock is the
-        system's (flock): it goes with a killed holder, where a multiprocessing Lock stays taken
-        and a wait with a deadline ran two choices at once on a loaded machine."""
-        if self.turn is None:
-            self.turn = os.open(self.folder / ".turn.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        """This process's turn to choose a trial, or none once a stop is asked."""
         while not self.stop_asked and not self.holds_turn:
-            try:
-                fcntl.flock(self.turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.holds_turn = True
-            except BlockingIOError:
+            self.holds_turn = self.turn.try_take()
+            if not self.holds_turn:
                 time.sleep(0.05)
 
     def end_turn(self) -> None:
-        """The turn given back: the chosen trial runs (another process counts it), or none."""
+        """The turn given back: the chosen trial's setting is in the study, or there is none."""
         if self.holds_turn:
             self.holds_turn = False
-            fcntl.flock(self.turn, fcntl.LOCK_UN)
+            self.turn.give_back()
 
     def on_sigterm(self, signum, frame) -> None:
         """A worker's SIGTERM: noted, and a KeyboardInterrupt where no Trainer stops after its step
@@ -99,11 +150,12 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> float:
         """The trial's value; where the sweep stops, the trial runs again when it goes on."""
         self.in_optuna = False
-        self.end_turn()  # the trial is RUNNING in the study now
         try:
+            params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
+            self.end_turn()  # the next process to choose sees this setting taken
             if self.stop_asked:  # while Optuna made this trial
                 raise KeyboardInterrupt
-            return self.run(trial)
+            return self.run(trial, params)
         except (Stopped, KeyboardInterrupt):
             frozen = trial.study.get_trials(deepcopy=False)[trial.number]
             RetryHeartbeatStaleTrialCallback()(trial.study, frozen)
@@ -114,9 +166,8 @@ class Objective:
         finally:
             self.in_optuna = True
 
-    def run(self, trial: optuna.Trial) -> float:
-        """The mean val/acc_best of the trial's setting over the seeds."""
-        params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
+    def run(self, trial: optuna.Trial, params: dict) -> float:
+        """The mean val/acc_best of the trial's setting (`params`) over the seeds."""
         values = [self.run_seed(trial, params, i, seed) for i, seed in enumerate(self.seeds)]
         return sum(values) / len(values)
 

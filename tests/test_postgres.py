@@ -14,8 +14,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from conftest import QUIET, ROOT, SWEEP, write_mnist
+
+import sweep_workers
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "2", *QUIET]
@@ -77,6 +80,27 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
+def waiting_for_the_turn(connection) -> int:
+    """How many other connections to the server have asked for a turn (ServerTurn)."""
+    query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+             "AND pid <> pg_backend_pid() AND query LIKE 'SELECT pg_try_advisory_lock%'")
+    return connection.execute(sqlalchemy.text(query)).scalar()
+
+
+def test_the_turn_to_choose_a_trial_is_the_whole_studys_on_every_machine(postgres):
+    """Each ServerTurn is a connection of its own, as each machine's process has: while one holds
+    the study's turn no other gets it, another study's turn is free, and giving it back hands
+    it on."""
+    url = postgres("turns")
+    first, second, another = (sweep_workers.ServerTurn(url, name) for name in ("s", "s", "t"))
+    assert first.try_take() and not second.try_take() and another.try_take()
+    first.give_back()
+    assert second.try_take() and not first.try_take()
+    assert sweep_workers.study_turn(url, Path("f"), "s").key == first.key
+    for turn in (first, second, another):
+        turn.connection.close()
+
+
 def ran_on(trial: optuna.trial.FrozenTrial, machines: list[Path]) -> list[Path]:
     return [m for m in machines if trial.user_attrs["log_dir_seed_0"].startswith(str(m))]
 
@@ -87,7 +111,15 @@ def test_two_machines_share_one_study_and_run_each_setting_once(postgres, tmp_pa
     args = ["--grid", f"model.lr={','.join(map(str, lrs))}", "--name", "shared", "--storage", url,
             "--heartbeat", "1", *BASE, "--trainer.max_epochs", "6", "--data.data_dir", str(data)]
     machines = [tmp_path / "a", tmp_path / "b"]
+    held = sweep_workers.ServerTurn(url, "shared")  # a third machine's turn, for a while
+    assert held.try_take()
     procs = [start(args, m) for m in machines]
+    deadline = time.time() + 90
+    while waiting_for_the_turn(held.connection) < 2:  # both machines' workers
+        assert time.time() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.1)
+    assert optuna.load_study(study_name="shared", storage=url).get_trials() == []
+    held.give_back()
     outs = [finish(p) for p in procs]
     trials = optuna.load_study(study_name="shared", storage=url).get_trials()
     assert sorted(t.params["model.lr"] for t in trials) == lrs
