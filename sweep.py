@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from datamodules.images import usable_cpus
 from lit_cli.errors import UsageError, explain
+from lit_common.process import exit_with
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
     from . import sweep_workers as workers
@@ -345,4 +346,4 @@ def unfinished(study: optuna.Study, objective: workers.Objective, trials: int) -
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -23,6 +23,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from lit_cli.errors import Stopped
+from lit_common.process import leave_the_rest_to_the_system
 
 try:  # installed: this file is lit_image_classifiers/sweep_workers.py beside train.py
     from . import train
@@ -287,6 +288,7 @@ def worker_main(*args) -> None:
     parent = multiprocessing.parent_process()
     threading.Thread(target=stop_after, args=(parent,), daemon=True).start()
     work(*args)
+    leave_the_rest_to_the_system()  # multiprocessing ends the process
 
 
 def stop_after(parent) -> None:

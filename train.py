@@ -28,6 +28,7 @@ from lit_cli import command_line, defaults, errors, model_options, record, runs,
 from lit_cli.errors import UsageError
 from lit_cli.trainer import Trainer, check_strategy
 from lit_common.files import WholeCheckpointIO
+from lit_common.process import exit_with
 from lit_models import ImageClassifier
 
 # Written to config.yaml and read back: a torch.device (StochasticWeightAveraging's default) as its
@@ -194,4 +195,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())
