@@ -101,7 +101,11 @@ class ServerTurn:
         return bool(self.connection.execute(query, {"key": self.key}).scalar())
 
     def give_back(self) -> None:
-        self.connection.close()  # and the lock with it
+        # Unlocked before the connection closes: the server ends a closed connection's session, and
+        # its locks, a moment later.
+        query = sqlalchemy.text("SELECT pg_advisory_unlock(:key)")
+        self.connection.execute(query, {"key": self.key})
+        self.connection.close()
         self.connection = None
 
 
