@@ -199,6 +199,15 @@ def run_sweep(args: list[str]) -> int:
     return sweep.main(args)
 
 
+def sweep_here(args: list[str], cwd: Path, capfd) -> tuple[int, str]:
+    """`python sweep.py ARGS` in `cwd`, run in this process (run_sweep): its exit code and what it
+    and its workers wrote to stderr."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        code = run_sweep(args)
+    return code, capfd.readouterr().err
+
+
 def run_process(
     args: list[str],
     cwd: Path,

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import ROOT, run_sweep, run_train, runs, write_mnist
+from conftest import ROOT, run_train, runs, sweep_here, write_mnist
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
@@ -197,11 +197,11 @@ def test_a_network_that_cannot_be_built_says_so_in_one_line(mnist, tmp_path, mon
 
 
 @pytest.mark.slow
-def test_a_sweep_over_the_hidden_width_trains_each_width(mnist, tmp_path, monkeypatch, capfd):
-    monkeypatch.chdir(tmp_path)  # sweep.main in this process; its worker is a process
+def test_a_sweep_over_the_hidden_width_trains_each_width(mnist, tmp_path, capfd):
     args = ["--model", "mlp", "--grid", "model.net.hidden=16,48", "--name", "w",
             "--data.data_dir", str(mnist), *BASE]
-    assert run_sweep(args) == 0, capfd.readouterr().err[-2000:]
+    code, err = sweep_here(args, tmp_path, capfd)  # sweep.main here; its worker is a process
+    assert code == 0, err[-2000:]
     trials = sorted(
         (tmp_path / "lightning_logs" / "sweeps" / "w").glob("trial_*/lightning_logs/version_0")
     )

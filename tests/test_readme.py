@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_sweep, run_train, write_cifar10, write_mnist
+from conftest import ROOT, run_train, sweep_here, write_cifar10, write_mnist
 from PIL import Image
 
 README = (ROOT / "README.md").read_text()
@@ -60,14 +60,13 @@ def test_every_train_command_runs_as_written(folder, monkeypatch, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args", script_commands("sweep.py"), ids=shlex.join)
-def test_every_sweep_command_runs_as_written(args, folder, monkeypatch, capfd):
+def test_every_sweep_command_runs_as_written(args, folder, capfd):
     """sweep.py lines, each on its own beside the train.py lines, in this process (sweep.main, as
     `python sweep.py` calls it); their workers are processes, as ever."""
     args = [*args, "--trials", "2", "--seeds", "1", "--data.data_dir", "data", *SHORT,
             "--data.batch_size", "32"]
-    monkeypatch.chdir(folder)
-    code = run_sweep(args)
-    assert code == 0, f"sweep.py {shlex.join(args)}\n{capfd.readouterr().err[-3000:]}"
+    code, err = sweep_here(args, folder, capfd)
+    assert code == 0, f"sweep.py {shlex.join(args)}\n{err[-3000:]}"
 
 
 @pytest.mark.slow

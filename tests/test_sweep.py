@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, SWEEP, run_process, run_sweep, run_train, runs
+from conftest import ROOT, SWEEP, run_process, run_sweep, run_train, runs, sweep_here
 
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "2"]
 
@@ -21,15 +21,6 @@ def sweep(args, cwd, data, **kwargs):
     proc = run_process([*args, *BASE, "--data.data_dir", str(data)], cwd=cwd, script=SWEEP,
                        quiet=False, **kwargs)
     return proc
-
-
-def sweep_here(args, cwd, capfd) -> tuple[int, str]:
-    """`python sweep.py ARGS` in `cwd`, run in this process (its workers are processes, as ever):
-    its exit code and what it and its workers wrote to stderr."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(cwd)
-        code = run_sweep(args)
-    return code, capfd.readouterr().err
 
 
 def study(cwd) -> optuna.Study:
