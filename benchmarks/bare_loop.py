@@ -3,7 +3,8 @@ r"""The floor: a recipe trained by a bare PyTorch loop over the project's own de
 Same data module, batches, augmentation, model (normalisation and network), optimizer and schedule
 as `train.py --model RECIPE` (built from the same command line by the same TrainCLI), but no
 Lightning: forward, loss, backward, step. What train.py adds on top of this is the framework's cost.
-Prints one JSON line with the per-epoch training times and test accuracies.
+Prints one JSON line with the per-epoch training times and test accuracies (`train_bare(args)`
+returns them: benchmarks/loop_cost.py).
 
     python benchmarks/bare_loop.py --model mlp --data fashion_mnist --data.data_dir DIR \
         --trainer.max_epochs 5
@@ -21,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train  # noqa: E402
 
 
-def main() -> None:
-    args = sys.argv[1:]
+def train_bare(args: list[str]) -> dict:
+    """Train the recipe of the command line `args` (train.py's options) in a bare loop: each epoch's
+    training seconds and test accuracy, the batch size, the steps per epoch and the device."""
     quiet = ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]
     cli = train.TrainCLI(args + quiet, run=False)
     device = cli.trainer.strategy.root_device
@@ -74,9 +76,13 @@ def main() -> None:
                 correct += (model(x).argmax(1) == y).sum().item()
                 total += len(y)
         test_acc.append(correct / total)
-    print(json.dumps({"epochs": epochs, "batch_size": data.batch_size,
-                      "epoch_seconds": epoch_seconds, "test_acc": test_acc,
-                      "images_per_second": images / sum(epoch_seconds), "device": str(device)}))
+    return {"epochs": epochs, "batch_size": data.batch_size, "steps": len(batches),
+            "epoch_seconds": epoch_seconds, "test_acc": test_acc,
+            "images_per_second": images / sum(epoch_seconds), "device": str(device)}
+
+
+def main() -> None:
+    print(json.dumps(train_bare(sys.argv[1:])))
 
 
 if __name__ == "__main__":
