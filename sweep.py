@@ -24,6 +24,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import optuna
 import pandas
@@ -345,5 +346,11 @@ def unfinished(study: optuna.Study, objective: workers.Objective, trials: int) -
     return int(bool(running) or workers.work_left(study, objective, trials))
 
 
-if __name__ == "__main__":
+def command() -> NoReturn:
+    """`lit-sweep ARGS`, the installed command, as `python sweep.py ARGS`: main(), then the
+    process's end (lit_common.process.exit_with)."""
     exit_with(main())
+
+
+if __name__ == "__main__":
+    command()

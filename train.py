@@ -14,6 +14,7 @@ checkpoints/, config.yaml (`--config` of it runs it again) and results.json.
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import yaml
@@ -194,5 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def command() -> NoReturn:
+    """`lit-train ARGS`, the installed command, as `python train.py ARGS`: main(), then the
+    process's end (lit_common.process.exit_with)."""
     exit_with(main())
+
+
+if __name__ == "__main__":
+    command()

@@ -421,10 +421,12 @@ def test_an_installed_copy_finds_its_recipes_and_has_its_commands(tmp_path):
         cwd=tmp_path,
     )
     assert install.returncode == 0, install.stderr[-2000:]
-    assert (target / "bin" / "lit-train").is_file() and (target / "bin" / "lit-sweep").is_file()
+    for name, module in (("lit-train", "train"), ("lit-sweep", "sweep")):
+        script = (target / "bin" / name).read_text()
+        assert f"from lit_image_classifiers.{module} import command" in script
     code = (
         "import sys, lit_image_classifiers.train as t; print(t.__file__); "
-        "sys.exit(t.main(['--model', 'quick_mlp', '--print_config']))"
+        "sys.argv[1:] = ['--model', 'quick_mlp', '--print_config']; t.command()"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
