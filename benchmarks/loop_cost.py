@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bare_loop  # noqa: E402
+from speed import spread  # noqa: E402
 
 import train  # noqa: E402
 from lit_models import TrainingSpeed  # noqa: E402
@@ -113,11 +114,6 @@ def main() -> None:
         added = "" if previous is None else f"{statistics.median(values) - previous:+.3f} ms"
         print(f"| {name} | {spread(values, '.3f')} | {spread(shares, '.0%')} | {added} |")
         previous = statistics.median(values)
-
-
-def spread(values: list[float], fmt: str) -> str:
-    low, mid, high = min(values), statistics.median(values), max(values)
-    return f"{mid:{fmt}} ({low:{fmt}}-{high:{fmt}})"
 
 
 if __name__ == "__main__":
