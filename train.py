@@ -64,7 +64,8 @@ class TrainCLI(LightningCLI):
             super().__init__(
                 ImageClassifier, subclass_mode_model=True, subclass_mode_data=True,
                 trainer_class=Trainer, save_config_callback=runs.SaveConfig, args=args, run=run,
-                trainer_defaults={"max_epochs": 30, "callbacks": callbacks or []},
+                trainer_defaults={"max_epochs": 30,
+                                  "callbacks": [*(callbacks or []), signals.HeldStop(self.stops)]},
                 seed_everything_default=0, auto_configure_optimizers=False,
                 save_config_kwargs={"save_to_log_dir": False},
                 parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
@@ -151,10 +152,12 @@ class TrainCLI(LightningCLI):
                 raise SystemExit(0)
         runs.claim_version(self.trainer.logger)
         self.fit_started = time.perf_counter()
+        self.stops.hold()
 
     def after_fit(self) -> None:
         """Test the best checkpoint (the last weights without one); results.json in the run."""
         seconds = time.perf_counter() - self.fit_started
+        self.stops.release()
         self.fitted = True
         trainer = self.trainer
         epochs, step = trainer.current_epoch, trainer.global_step  # before a BatchSizeFinder's test
@@ -165,16 +168,20 @@ class TrainCLI(LightningCLI):
         monitored = sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)
         self.best = next((c.best_model_path for c in monitored), "") or None
         quiet = self.given.trainer.enable_progress_bar is False  # no table of metrics either
+        self.stops.hold()
         trainer.test(self.model, datamodule=self.datamodule, ckpt_path=self.best,
                      weights_only=True, verbose=not quiet)
+        self.stops.release()
         metrics = record.metrics(trainer, self.model, "test")
         extra = record.of_the_fit(trainer, seconds, epochs, step)
         self.results = record.record(self, "fit", metrics, self.best, extra)
 
     def before_test(self) -> None:
         runs.claim_version(self.trainer.logger)
+        self.stops.hold()
 
     def after_test(self) -> None:
+        self.stops.release()
         metrics = record.metrics(self.trainer, self.model, self.subcommand)
         self.results = record.record(self, self.subcommand, metrics, self.given.ckpt_path, {})
 

@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 
+import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_cli.errors import Stopped
@@ -27,6 +28,10 @@ class Stops:
         self.pressed = 0
         self.previous: dict = {}
         self.handlers = {signal.SIGTERM: self.on_sigterm, signal.SIGINT: self.on_ctrl_c}
+        # While a Trainer call starts (hold): the handler it found, and a SIGTERM held for it.
+        self.on_sigterm_held = self.hold_sigterm
+        self.outer = None
+        self.noted = False
 
     def start(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -38,9 +43,45 @@ class Stops:
                 self.previous[signum] = signal.signal(signum, handler)
 
     def stop(self) -> None:
+        if self.outer is not None:  # a Trainer call that raised
+            signal.signal(signal.SIGTERM, self.outer)
+            self.outer = None
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.previous = {}
+
+    def hold(self) -> None:
+        """Before a Trainer call: until Lightning's SIGTERM handler is in place, a SIGTERM is held,
+        not raised. Raised at once, it landed inside whatever the Trainer was doing, such as
+        TensorBoard's writer putting its first event on its queue; that queue's next flush then
+        waited for the writer's two-minute timer (a sweep's worker stopped two minutes late). A
+        held SIGTERM reaches Lightning when its stage starts (HeldStop), or this command's own
+        handler when the call ends (release)."""
+        if threading.current_thread() is not threading.main_thread() or self.outer is not None:
+            return
+        self.outer = signal.signal(signal.SIGTERM, self.on_sigterm_held)
+
+    def release(self) -> None:
+        """After a Trainer call: the handler it found again, and a held SIGTERM raised there."""
+        if self.outer is None:
+            return
+        signal.signal(signal.SIGTERM, self.outer)
+        self.outer = None
+        self.deliver()
+
+    def deliver(self) -> None:
+        """A held SIGTERM, sent again to this process: to Lightning's handler inside a stage."""
+        if self.noted:
+            self.noted = False
+            signal.raise_signal(signal.SIGTERM)
+
+    def hold_sigterm(self, signum, frame) -> None:
+        # Held where Lightning's handler (which calls this one) is not yet in place. The handler
+        # found is told either way: a sweep's worker notes that its sweep stops.
+        if signal.getsignal(signal.SIGTERM) is self.on_sigterm_held:
+            self.noted = True
+        if callable(self.outer):
+            self.outer(signum, frame)
 
     def how(self) -> tuple[str, int]:
         """What stopped a command, and its exit code."""
@@ -64,6 +105,29 @@ class Stops:
             print("\nStopping after this step (Ctrl-C again to stop at once) ...",
                   file=sys.stderr, flush=True)
         signal.raise_signal(signal.SIGTERM)
+
+
+class HeldStop(L.Callback):
+    """Hands a SIGTERM that came while a Trainer call started (Stops.hold) to Lightning's handler
+    as its stage starts: a fit then stops after its step, as on any SIGTERM."""
+
+    def __init__(self, stops: Stops):
+        self.stops = stops
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self.stops.deliver()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.stops.deliver()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.stops.deliver()
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.stops.deliver()
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self.stops.deliver()
 
 
 def stopped(cli, stops: Stops) -> Stopped:

@@ -113,6 +113,20 @@ class SlowTest(L.Callback):
             time.sleep(self.seconds)
 
 
+class SignalAsTheFitStarts(L.Callback):
+    """Sends this process SIGTERM in on_fit_start, before Lightning's SIGTERM handler is in place,
+    then writes "done" to `flag`: the rest of what it was doing, as a library's code would finish
+    what a signal interrupted (TensorBoard's writer putting an event on its queue)."""
+
+    def __init__(self, flag: str):
+        self.flag = flag
+
+    def on_fit_start(self, trainer, pl_module):
+        os.kill(os.getpid(), signal.SIGTERM)
+        with open(self.flag, "w") as file:
+            file.write("done")
+
+
 class SignalAtBatch(L.Callback):
     """Sends this process a real signal as batch `batch` of a stage starts (`stage`: train,
     validation, test or predict; `batch` -1: the stage's last batch). Sanity checks do not count."""

@@ -110,6 +110,23 @@ def test_sigterm_while_testing_is_reported_not_hidden(eval_batch_size, mnist_dir
     assert not (runs(tmp_path)[0] / "results.json").exists()
 
 
+def test_a_sigterm_before_lightnings_handler_lets_the_trainer_finish_its_call_then_stops(
+        mnist_dir, tmp_path, capsys):
+    """Raised where it landed, such a SIGTERM broke TensorBoard's queue (a sweep's worker stopped
+    two minutes late): it is held until Lightning's stage starts."""
+    flag = tmp_path / "finished"
+    returned = in_folder(tmp_path, [*BASE, "--data.data_dir", str(mnist_dir),
+                                    "--trainer.callbacks+=probes.SignalAsTheFitStarts",
+                                    f"--trainer.callbacks.flag={flag}"])
+    err = capsys.readouterr().err
+    assert returned == 143 and flag.read_text() == "done", err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(
+        "train.py: error: stopped by SIGTERM in epoch 0 at step 1; saved ")
+    (run,) = runs(tmp_path)
+    assert "Traceback" not in err and (run / "checkpoints" / "last.ckpt").is_file()
+    assert not (run / "results.json").exists()
+
+
 def test_sigterm_after_the_last_step_before_the_test_is_not_lost(mnist_dir, tmp_path):
     """A real process stopped by a real signal: its exit code as the system gives it."""
     proc = run_process([*BASE, "--data.data_dir", str(mnist_dir),

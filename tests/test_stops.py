@@ -17,7 +17,7 @@ from conftest import run_train, runs, write_mnist
 import lit_cli.predict
 import lit_models.export
 from datamodules import MNISTDataModule
-from lit_cli import command_line, record
+from lit_cli import command_line, record, signals
 from lit_cli import runs as lit_runs
 
 pytestmark = pytest.mark.slow  # a command per cell
@@ -187,3 +187,26 @@ def test_a_stop_while_an_image_folder_is_decoded_leaves_no_part_of_its_cache(sig
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         assert run_train(args) == 0  # the same command, decoded again
+
+
+def test_a_callers_sigterm_handler_hears_a_held_sigterm_and_takes_it_when_the_trainer_call_ends():
+    """A sweep's worker's handler: told at once that its sweep stops, the current handler again
+    (which raises) only once the Trainer call has ended."""
+    heard = []
+
+    def callers(signum, frame):
+        heard.append(signal.getsignal(signal.SIGTERM) is callers)
+
+    previous = signal.signal(signal.SIGTERM, callers)
+    try:
+        stops = signals.Stops()
+        stops.start()
+        stops.hold()  # a Trainer call starts
+        signal.raise_signal(signal.SIGTERM)  # before Lightning's handler is in place
+        assert heard == [False] and stops.noted
+        stops.release()  # the call ended
+        assert heard == [False, True] and not stops.noted
+        assert signal.getsignal(signal.SIGTERM) is callers
+        stops.stop()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
