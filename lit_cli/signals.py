@@ -29,7 +29,6 @@ class Stops:
         self.previous: dict = {}
         self.handlers = {signal.SIGTERM: self.on_sigterm, signal.SIGINT: self.on_ctrl_c}
         # While a Trainer call starts (hold): the handler it found, and a SIGTERM held for it.
-        self.on_sigterm_held = self.hold_sigterm
         self.outer = None
         self.noted = False
 
@@ -56,10 +55,11 @@ class Stops:
         TensorBoard's writer putting its first event on its queue; that queue's next flush then
         waited for the writer's two-minute timer (a sweep's worker stopped two minutes late). A
         held SIGTERM reaches Lightning when its stage starts (HeldStop), or this command's own
-        handler when the call ends (release)."""
+        handler when the call ends (release). Fits, their tests, tests and validations hold it;
+        a predict raises at once, as before."""
         if threading.current_thread() is not threading.main_thread() or self.outer is not None:
             return
-        self.outer = signal.signal(signal.SIGTERM, self.on_sigterm_held)
+        self.outer = signal.signal(signal.SIGTERM, self.hold_sigterm)
 
     def release(self) -> None:
         """After a Trainer call: the handler it found again, and a held SIGTERM raised there."""
@@ -77,8 +77,9 @@ class Stops:
 
     def hold_sigterm(self, signum, frame) -> None:
         # Held where Lightning's handler (which calls this one) is not yet in place. The handler
-        # found is told either way: a sweep's worker notes that its sweep stops.
-        if signal.getsignal(signal.SIGTERM) is self.on_sigterm_held:
+        # found is told either way: a sweep's worker notes that its sweep stops. (==, not `is`:
+        # each access to a method makes a new bound method.)
+        if signal.getsignal(signal.SIGTERM) == self.hold_sigterm:
             self.noted = True
         if callable(self.outer):
             self.outer(signum, frame)
@@ -124,9 +125,6 @@ class HeldStop(L.Callback):
         self.stops.deliver()
 
     def on_test_start(self, trainer, pl_module) -> None:
-        self.stops.deliver()
-
-    def on_predict_start(self, trainer, pl_module) -> None:
         self.stops.deliver()
 
 
