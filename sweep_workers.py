@@ -124,7 +124,7 @@ class Objective:
                  threads: str, turn: FileTurn | ServerTurn):
         self.base, self.space, self.grid, self.seeds = base, space, grid, seeds
         self.folder, self.threads = folder, threads
-        self.stop_asked, self.in_optuna = False, False
+        self.stop_asked, self.in_train = False, False
         # One process of the study at a time chooses a trial, until its setting is in the study:
         # two that both saw the one waiting retry, or the last grid setting free, would run it,
         # and a new trial besides (more than asked). A wait with a deadline, in place of a lock,
@@ -145,16 +145,17 @@ class Objective:
             self.turn.give_back()
 
     def on_sigterm(self, signum, frame) -> None:
-        """A worker's SIGTERM: noted, and a KeyboardInterrupt where no Trainer stops after its step
-        on it (one calls this too), unless inside Optuna's own steps: a trial that they leave
-        RUNNING without a heartbeat stays so."""
+        """A worker's SIGTERM: noted, and a KeyboardInterrupt while train.py's command runs, where
+        no Trainer stops after its step on it (one calls this too). Anywhere else the worker stops
+        at its next check of `stop_asked`: raised inside a read or write of the study (Optuna's
+        own steps, a trial's attributes), it left an SQLite statement holding its lock, and the
+        other worker waited a minute for it."""
         self.stop_asked = True
-        if not self.in_optuna and signal.getsignal(signal.SIGTERM) == self.on_sigterm:
+        if self.in_train and signal.getsignal(signal.SIGTERM) == self.on_sigterm:
             raise KeyboardInterrupt
 
     def __call__(self, trial: optuna.Trial) -> float:
         """The trial's value; where the sweep stops, the trial runs again when it goes on."""
-        self.in_optuna = False
         try:
             params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
             self.end_turn()  # the next process to choose sees this setting taken
@@ -168,8 +169,6 @@ class Objective:
             optuna.logging.set_verbosity(optuna.logging.ERROR)
             # Optuna ends optimize() on it, whatever it is told to catch.
             raise KeyboardInterrupt from None
-        finally:
-            self.in_optuna = True
 
     def run(self, trial: optuna.Trial, params: dict) -> float:
         """The mean val/acc_best of the trial's setting (`params`) over the seeds."""
@@ -178,6 +177,8 @@ class Objective:
 
     def run_seed(self, trial: optuna.Trial, params: dict, i: int, seed: int) -> float:
         """The setting trained with the `i`th seed, noted in the trial; its val/acc_best."""
+        if self.stop_asked:  # while the trial's last seed was recorded
+            raise KeyboardInterrupt
         args = trial_args(self.base, params, seed)
         command = f"{self.threads}python train.py {shlex.join(args)}"
         trial.set_user_attr(f"command_seed_{seed}", command)
@@ -189,10 +190,13 @@ class Objective:
             callbacks.append(PyTorchLightningPruningCallback(trial, monitor="val/acc"))
         quiet = [f"--trainer.default_root_dir={self.run_dir(trial, seed)}",
                  "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+        self.in_train = True
         try:
             record = train.TrainCLI(args + quiet, callbacks=callbacks).results
         except SystemExit as e:  # Lightning's end of a KeyboardInterrupt (1)
             raise KeyboardInterrupt from e
+        finally:
+            self.in_train = False
         accuracy = record["val/acc_best"]
         if accuracy is None:
             accuracy = record["test/acc"]
@@ -247,14 +251,12 @@ def work(name: str, store: RDBStorage, objective: Objective, trials: int, thread
         # process's running trial is waited for: it ends, or its heartbeat stops and it comes back
         # as a waiting retry to run here.
         while not objective.stop_asked:
-            objective.in_optuna = True
             optuna.storages.fail_stale_trials(study)
             if ran_a_trial(study, objective, trials):
                 continue
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if objective.stop_asked or not running:
                 break
-            objective.in_optuna = False
             time.sleep(POLL_SECONDS)
 
 

@@ -243,6 +243,40 @@ def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_d
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
+def test_a_sigterm_while_a_worker_writes_to_the_study_is_taken_after_the_write(mnist_dir,
+                                                                                tmp_path,
+                                                                                monkeypatch):
+    """In this process, a worker's objective: a SIGTERM that lands in a write of the trial's results
+    lets the write finish. Raised there, it left an SQLite statement holding its lock, and the
+    other worker of a sweep killed by SIGKILL waited a minute for it."""
+    import sweep as sweep_py
+    import sweep_workers
+
+    store = sweep_py.storage(f"sqlite:///{tmp_path / 'study.db'}")
+    study = sweep_workers.open_study("s", store, {}, False, 0)
+    args = [*BASE, "--trainer.max_epochs", "1", "--data.data_dir", str(mnist_dir)]
+    turn = sweep_workers.FileTurn(tmp_path / ".turn.lock")
+    objective = sweep_workers.Objective(args, {}, False, [0], tmp_path, "", turn)
+    set_user_attr = optuna.Trial.set_user_attr
+
+    def signalled(trial, key, value):
+        if key.startswith("test_acc"):
+            signal.raise_signal(signal.SIGTERM)  # its handler runs here, before the write
+        set_user_attr(trial, key, value)
+
+    monkeypatch.setattr(optuna.Trial, "set_user_attr", signalled)
+    previous = signal.signal(signal.SIGTERM, objective.on_sigterm)
+    try:
+        study.optimize(objective, n_trials=1)
+    except KeyboardInterrupt:  # (not to end pytest)
+        pytest.fail("the SIGTERM was raised inside the write")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    (trial,) = study.get_trials()
+    assert trial.state.name == "COMPLETE" and objective.stop_asked
+    assert {"test_acc_seed_0", "log_dir_seed_0", "config"} <= set(trial.user_attrs)
+
+
 @pytest.mark.parametrize("how", ["--grid", "--space"])
 def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_stop(how, mnist_dir,
                                                                                   tmp_path, capfd):
