@@ -254,9 +254,13 @@ def run_sweep(argv: list[str], stop: workers.Stop) -> int:
     turn = workers.study_turn(url, folder, name)
     objective = workers.Objective(base, space, grid, seeds, folder, f"OMP_NUM_THREADS={threads} ",
                                   turn)
-    print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
     samplers = sampler_seeds(seed, opts.parallel, len(study.trials), grid)
-    workers.run_workers(stop, [(name, store, objective, trials, threads, s) for s in samplers])
+    if workers.has_work(study, objective, trials):
+        print(f"Sweep {name}: {opts.parallel} process(es); study in {url}", flush=True)
+        shares = [(name, store, objective, trials, threads, s) for s in samplers]
+        workers.run_workers(stop, shares)
+    else:
+        print(f"Sweep {name}: nothing left to run; study in {url}", flush=True)
     study = optuna.load_study(study_name=name, storage=store)
     print(summary(study, folder))
     return finish(study, objective, trials, stop.codes)
@@ -342,8 +346,7 @@ def finish(study: optuna.Study, objective: workers.Objective, trials: int, codes
 
 def unfinished(study: optuna.Study, objective: workers.Objective, trials: int) -> int:
     """1 where a trial still runs (its worker was killed) or work is left (a worker failed)."""
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return int(bool(running) or workers.work_left(study, objective, trials))
+    return int(workers.has_work(study, objective, trials))
 
 
 def command() -> NoReturn:

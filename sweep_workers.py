@@ -273,6 +273,14 @@ def ran_a_trial(study: optuna.Study, objective: Objective, trials: int) -> bool:
         objective.end_turn()
 
 
+def has_work(study: optuna.Study, objective: Objective, trials: int) -> bool:
+    """Whether workers would do anything: work left, or another process's running trial to wait
+    for (it ends, or its heartbeat stops and it comes back as a retry). The same command again on
+    a finished study starts none."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return bool(running) or work_left(study, objective, trials)
+
+
 def work_left(study: optuna.Study, objective: Objective, trials: int) -> bool:
     """A trial waiting (one to run again), a grid setting without a trial, or fewer finished or
     running trials than asked."""
@@ -323,11 +331,14 @@ def run_workers(stop: Stop, shares: list[tuple]) -> None:
     """A process per share (the arguments of `work`), started and waited for."""
     # Blocked until `stop` knows every worker (each unblocks them).
     signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
-    # None where a signal came while the command lines were checked. Spawn, not fork: a fresh
-    # interpreter.
+    # None where a signal came while the command lines were checked. Forked from a fresh
+    # interpreter that imported this module (torch, Lightning, Optuna) once for them all: the
+    # forkserver, Python 3.14's own default; never from the sweep's process, its handlers and
+    # state. Spawned, each worker imported them again, seconds of CPU each.
     if not stop.codes:
-        spawn = multiprocessing.get_context("spawn")
-        stop.workers.extend(spawn.Process(target=worker_main, args=share) for share in shares)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        stop.workers.extend(context.Process(target=worker_main, args=share) for share in shares)
     for w in stop.workers:
         w.start()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)

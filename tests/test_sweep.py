@@ -79,6 +79,7 @@ def test_the_same_command_again_runs_nothing_and_optuna_reads_the_study(grid):
     proc = sweep(["--grid", "model.lr=0.005,0.02", "--seeds", "2", "--parallel", "2",
                   "--name", "g"], cwd, data)
     assert proc.returncode == 0 and len(study(cwd).get_trials()) == 2
+    assert "Sweep g: nothing left to run; study in sqlite:///" in proc.stdout  # no worker started
     (db,) = (cwd / "lightning_logs" / "sweeps").glob("*/study.db")
     listed = subprocess.run([str(Path(sys.executable).parent / "optuna"), "trials",
                              "--study-name", "g", "--storage", f"sqlite:///{db}", "-f", "json"],
@@ -148,6 +149,15 @@ def wait_for(cwd: Path, pattern: str, count: int, proc: subprocess.Popen) -> Non
         assert (proc.poll() is None
                 and time.time() < deadline), (cwd / "err.txt").read_text()[-3000:]
         time.sleep(0.1)
+
+
+def workers(proc: subprocess.Popen) -> list:
+    """A sweep's worker processes: the children of its forkserver (sweep_workers.run_workers)."""
+    import psutil
+
+    (server,) = [p for p in psutil.Process(proc.pid).children()
+                 if "forkserver" in " ".join(p.cmdline())]
+    return server.children()
 
 
 def again(argv: list[str], cwd: Path, capfd) -> None:
@@ -311,26 +321,22 @@ def test_a_sweep_whose_every_process_is_killed_goes_on_once_their_heartbeats_sto
 
 
 def test_a_worker_killed_mid_trial_has_its_trial_run_again_by_the_other(mnist_dir, tmp_path):
-    import psutil
 
     argv = command(["--grid", "model.lr=0.005,0.02", "--parallel", "2", "--heartbeat", "1",
                     "--trainer.max_epochs", "20"], mnist_dir)
     proc = start(argv, tmp_path)
     wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 2, proc)  # both workers mid-trial
-    next(p for p in psutil.Process(proc.pid).children()
-         if "spawn_main" in " ".join(p.cmdline())).kill()
+    workers(proc)[0].kill()
     assert proc.wait(timeout=180) == 0, (tmp_path / "err.txt").read_text()[-3000:]
     trials = each_setting_complete_once(tmp_path, [0.005, 0.02])
     assert [t.state.name for t in trials].count("FAIL") == 1
 
 
 def test_a_sweep_whose_only_worker_is_killed_says_so_in_one_line(mnist_dir, tmp_path):
-    import psutil
 
     proc = start(command(["--trainer.max_epochs", "20"], mnist_dir), tmp_path)
     wait_for(tmp_path, "trial_*/**/checkpoints/last.ckpt", 1, proc)
-    next(p for p in psutil.Process(proc.pid).children()
-         if "spawn_main" in " ".join(p.cmdline())).kill()
+    workers(proc)[0].kill()
     assert proc.wait(timeout=120) == 1
     assert last_line(tmp_path) == ("sweep.py: stopped with 0 trials complete or pruned; "
                                    "the same command goes on with the study")
