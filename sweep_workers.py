@@ -32,6 +32,11 @@ except ImportError:  # python sweep.py in a checkout
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 STOPS = {signal.SIGINT, signal.SIGTERM}
+# What a worker imports that costs seconds, imported once in the forkserver that forks the workers
+# (run_workers): names found wherever the interpreter is, as this checkout's own modules may not be
+# on the server's path (Python 3.11's forkserver ignores the sweep's sys.path).
+PRELOAD = ["torch", "torchvision", "lightning.pytorch", "optuna", "sqlalchemy", "tensorboard",
+           "jsonargparse"]
 # How often a process with no trial to run looks again at another's running one: it ends, or its
 # heartbeat goes stale. Not the heartbeat interval: a sweep's end waited that long for nothing.
 POLL_SECONDS = 0.25
@@ -332,12 +337,12 @@ def run_workers(stop: Stop, shares: list[tuple]) -> None:
     # Blocked until `stop` knows every worker (each unblocks them).
     signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     # None where a signal came while the command lines were checked. Forked from a fresh
-    # interpreter that imported this module (torch, Lightning, Optuna) once for them all: the
-    # forkserver, Python 3.14's own default; never from the sweep's process, its handlers and
-    # state. Spawned, each worker imported them again, seconds of CPU each.
+    # interpreter that imported torch, Lightning and Optuna once for them all: the forkserver,
+    # Python 3.14's own default; never from the sweep's process, its handlers and state.
+    # Spawned, each worker imported them again, seconds of CPU each.
     if not stop.codes:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
+        context.set_forkserver_preload(PRELOAD)
         stop.workers.extend(context.Process(target=worker_main, args=share) for share in shares)
     for w in stop.workers:
         w.start()
