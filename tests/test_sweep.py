@@ -253,6 +253,18 @@ def test_a_sweep_killed_by_sigkill_takes_its_workers_with_it_and_goes_on(mnist_d
     each_setting_complete_once(tmp_path, [0.005, 0.02])
 
 
+def test_the_forkserver_preloads_modules_of_the_environment_not_of_this_checkout():
+    """Python 3.11's forkserver imports its preload on its own path: a module of this checkout is
+    skipped in silence, and every worker imports torch again."""
+    import importlib.util
+
+    import sweep_workers
+
+    for name in sweep_workers.PRELOAD:
+        origin = Path(importlib.util.find_spec(name).origin)
+        assert "site-packages" in origin.parts, name  # (a virtual environment may be in ROOT)
+
+
 def test_a_sigterm_while_a_worker_writes_to_the_study_is_taken_after_the_write(mnist_dir,
                                                                                 tmp_path,
                                                                                 monkeypatch):
