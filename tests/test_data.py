@@ -2,6 +2,9 @@
 sharding."""
 
 import pickle
+import warnings
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,21 +21,31 @@ from datamodules.base import channel_stats, random_crop, random_flip
 from lit_common.seeds import mix_seed
 
 
-def test_cifar10_reads_torchvision_pickles_in_nchw(cifar10_dir, monkeypatch):
-    import torchvision.datasets.cifar as cifar
+def test_cifar10_reads_torchvision_pickles_in_nchw_and_hashes_each_file_once_a_read(
+    cifar10_dir, monkeypatch
+):
+    """The real torchvision class reads the files when their checksums are the originals' (here
+    every hash says so); it hashes them as it is made, and nothing hashes them again."""
+    from torchvision.datasets import CIFAR10
 
-    read = []  # the real torchvision class reads the files when their checksums are the originals'
-    monkeypatch.setattr(
-        "datamodules.cifar10.check_integrity", lambda path, md5: read.append(path) or True
-    )
-    monkeypatch.setattr(cifar, "check_integrity", lambda path, md5=None: True)
+    genuine = dict([*CIFAR10.train_list, *CIFAR10.test_list])
+    genuine[CIFAR10.meta["filename"]] = CIFAR10.meta["md5"]
+    hashed = []
+
+    def calculate_md5(path, *args, **kwargs):
+        hashed.append(Path(path).name)
+        return genuine[Path(path).name]
+
+    monkeypatch.setattr("torchvision.datasets.utils.calculate_md5", calculate_md5)
     dm = CIFAR10DataModule(data_dir=str(cifar10_dir), val_size=100)
     dm.prepare_data()
-    dm.setup("fit")
-    dm.setup("test")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not the warning of a copy read as it is
+        dm.setup("fit")
+        dm.setup("test")
+    assert Counter(hashed) == {name: 2 for name in genuine}  # a read of the training and test sets
     assert (
-        read
-        and dm.splits["train"][0].dtype == torch.uint8
+        dm.splits["train"][0].dtype == torch.uint8
         and dm.splits["train"][0].shape == (400, 3, 32, 32)
     )
     assert dm.splits["val"][0].shape == (100, 3, 32, 32)
