@@ -16,16 +16,18 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+import lightning as L
 import torch
 import yaml
+from jsonargparse import Namespace
 from jsonargparse.typing import register_type
 from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins import TorchCheckpointIO
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from datamodules import ImageDataModule
-from lit_cli import command_line, defaults, errors, model_options, record, runs, signals
+from datamodules import DATA, ImageDataModule
+from lit_cli import command_line, defaults, errors, model_options, noise, record, runs, signals
 from lit_cli.errors import UsageError
 from lit_cli.trainer import Trainer, check_strategy
 from lit_common.files import WholeCheckpointIO
@@ -36,6 +38,7 @@ from lit_models import ImageClassifier
 # name; Timer's `interval`, a str enum that YAML's safe dumper refuses, as the string it is.
 register_type(torch.device, serializer=str, deserializer=torch.device)
 yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represent_str(v.value))
+noise.silence()
 
 
 class TrainCLI(LightningCLI):
@@ -53,31 +56,27 @@ class TrainCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
                  run: bool = True):
         self.stops, self.fitted, self.best, self.results = signals.Stops(), False, None, {}
-        self.runs_subcommand = run
+        self.runs_subcommand, self.claim = run, runs.Claim()
         try:
             self.stops.start()
             args = command_line.expand(list(sys.argv[1:] if args is None else args))
             self.command = args[0]
             # jsonargparse's errors raised, not printed with a usage: main() says them.
-            usage = {"usage": command_line.usage(), "description": __doc__.split("\n")[0],
+            usage = {"usage": command_line.usage(), "description": command_line.DESCRIPTION,
                      "exit_on_error": False}
             super().__init__(
-                ImageClassifier, subclass_mode_model=True, subclass_mode_data=True,
+                L.LightningModule, subclass_mode_model=True, subclass_mode_data=True,
                 trainer_class=Trainer, save_config_callback=runs.SaveConfig, args=args, run=run,
                 trainer_defaults={"max_epochs": 30,
                                   "callbacks": [*(callbacks or []), signals.HeldStop(self.stops)]},
-                seed_everything_default=0, auto_configure_optimizers=False,
-                save_config_kwargs={"save_to_log_dir": False},
+                seed_everything_default=0, save_config_kwargs={"save_to_log_dir": False},
                 parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
-        except SIGTERMException:  # a SystemExit without a code, which would exit 0
-            raise signals.stopped(self, self.stops) from None
-        except KeyboardInterrupt:  # a second Ctrl-C where no Trainer runs
-            self.stops.pressed = max(1, self.stops.pressed)
-            raise signals.stopped(self, self.stops) from None
-        except SystemExit as e:
-            if self.stops.pressed > 1 and e.code == 1:  # Lightning's end of a second Ctrl-C
-                raise signals.stopped(self, self.stops) from None
-            raise
+        except BaseException as e:
+            self.claim.give_back()  # of a command that wrote no checkpoint
+            stop = signals.as_stop(self, self.stops, e)
+            if stop is None:
+                raise
+            raise stop from None
         finally:
             self.stops.stop()
 
@@ -99,7 +98,8 @@ class TrainCLI(LightningCLI):
         self.given = self.config.get(self.config.get("subcommand") or "fit") or self.config
         if self.given.seed_everything is True:
             self.given.seed_everything = command_line.random_seed()
-        model = self.given.model.init_args
+        model_options.lightnings_flags_as_the_models(self.given)
+        model = self.given.model.get("init_args") or Namespace()
         model_options.from_own_defaults(model, command_line.classes_given(args))
         model_options.one_learning_rate(model)
 
@@ -110,7 +110,7 @@ class TrainCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         trainer = self.given.trainer
-        trainer.callbacks = defaults.without_those_that_step_aside(trainer)
+        trainer.callbacks = defaults.without_those_that_step_aside(trainer, self.given.model)
         defaults.on_gpus(trainer)
 
     def instantiate_classes(self) -> None:
@@ -122,10 +122,16 @@ class TrainCLI(LightningCLI):
             raise UsageError(f"the command line does not build: {e}") from e
 
     def after_instantiate_classes(self) -> None:
+        ours = isinstance(self.model, ImageClassifier)
         # The network now, sized from the data, not when fitting starts: callbacks such as
         # StochasticWeightAveraging copy the model before its configure_model runs.
-        if self.datamodule is not None:
+        if ours and self.datamodule is not None:
             self.model.take_from_data(self.datamodule, statistics=False)
+        if ours:
+            noise.silence([noise.SHORT_EPOCH])
+        if self.datamodule is None and not is_overridden("train_dataloader", self.model):
+            raise UsageError(f"{type(self.model).__name__} has no data: give --data NAME "
+                             f"({', '.join(DATA)}) or the class path of a LightningDataModule")
         check_strategy(self.given.trainer.strategy)
         if self.subcommand not in (None, "fit") and self.trainer.world_size > 1:
             raise UsageError(f"{self.subcommand} runs in one process: leave out "
@@ -141,7 +147,8 @@ class TrainCLI(LightningCLI):
         self.checkpoint = None
         if self.given.get("ckpt_path"):  # edited by hand: refused before anything starts
             self.checkpoint = runs.read_checkpoint(Path(self.given.ckpt_path))
-            self.model.check_weights(self.checkpoint["state_dict"])
+            if ours:
+                self.model.check_weights(self.checkpoint["state_dict"])
 
     def before_fit(self) -> None:
         if self.checkpoint is not None:
@@ -150,34 +157,45 @@ class TrainCLI(LightningCLI):
             if nothing_left:  # as Lightning's fit of it would; and no test to rewrite its record
                 print(nothing_left, file=sys.stderr)
                 raise SystemExit(0)
-        runs.claim_version(self.trainer.logger)
+        self.claim.take(self.trainer.logger)
         self.fit_started = time.perf_counter()
         self.stops.hold()
 
     def after_fit(self) -> None:
-        """Test the best checkpoint (the last weights without one); results.json in the run."""
-        seconds = time.perf_counter() - self.fit_started
+        """Test the best checkpoint (the last weights without one); the record of the fit in
+        results.json, whatever its test does."""
         self.stops.release()
         self.fitted = True
         trainer = self.trainer
-        epochs, step = trainer.current_epoch, trainer.global_step  # before a BatchSizeFinder's test
+        fit = record.of_the_fit(trainer, time.perf_counter() - self.fit_started)
         signals.raise_if_asked(trainer)  # after the last step, where the test would forget it
+        monitored = sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)
+        self.best = next((c.best_model_path for c in monitored), "") or None
+        try:
+            tested = self.test_after_fit()
+        except BaseException as e:
+            failed = {"test": record.failure(e)}
+            self.results = record.record(self, "fit", failed, self.best, fit)
+            raise
+        self.results = record.record(self, "fit", tested, self.best, fit)
+
+    def test_after_fit(self) -> dict:
+        trainer, model = self.trainer, self.model
+        untested = record.untestable(model, self.datamodule)
+        if untested:
+            return {"test": f"skipped: {untested}"}
         # The test belongs to the fit's run: its hyperparameters logged again would reset
         # TensorBoard's hp_metric to Lightning's placeholder (-1).
         trainer.enable_autolog_hparams = False
-        monitored = sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)
-        self.best = next((c.best_model_path for c in monitored), "") or None
         quiet = self.given.trainer.enable_progress_bar is False  # no table of metrics either
         self.stops.hold()
-        trainer.test(self.model, datamodule=self.datamodule, ckpt_path=self.best,
-                     weights_only=True, verbose=not quiet)
+        trainer.test(model, datamodule=self.datamodule, ckpt_path=self.best, weights_only=True,
+                     verbose=not quiet)
         self.stops.release()
-        metrics = record.metrics(trainer, self.model, "test")
-        extra = record.of_the_fit(trainer, seconds, epochs, step)
-        self.results = record.record(self, "fit", metrics, self.best, extra)
+        return record.metrics(trainer, model, "test", after_fit=True)
 
     def before_test(self) -> None:
-        runs.claim_version(self.trainer.logger)
+        self.claim.take(self.trainer.logger)
         self.stops.hold()
 
     def after_test(self) -> None:

@@ -3,12 +3,13 @@ batches cut from uint8 tensors that live on the training device, augmented there
 
 import functools
 import math
+import sys
 from typing import Optional, Union
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_only
 
 from lit_common.seeds import mix_seed
 
@@ -205,8 +206,8 @@ class ImageDataModule(L.LightningDataModule):
         float_images: true: batches of float32 images on the 0..1 scale, as torchvision's
             ToTensor() gives them (a LightningModule as Lightning's docs write one); false: the
             uint8 images. None: what the model says (its `takes_uint8_images`: True for
-            ImageClassifier), uint8 with no Trainer; a model that says nothing is refused before
-            training, in one line that names this option.
+            ImageClassifier), uint8 with no Trainer; floats for a model that says nothing, said
+            in one line that names this option.
     """
 
     name: str = ""  # the short name `--data NAME` takes
@@ -238,6 +239,7 @@ class ImageDataModule(L.LightningDataModule):
         self.val_size, self.split_seed = val_size, split_seed
         self.crop_padding, self.flip = crop_padding, flip
         self.on_device, self.download, self.float_images = on_device, download, float_images
+        self.said_floats = False
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
         self._train_state: Optional[dict] = None
@@ -357,20 +359,22 @@ class ImageDataModule(L.LightningDataModule):
 
     def gives_floats(self) -> bool:
         """Whether the batches are float images on the 0..1 scale: `float_images` as given; unset,
-        what the Trainer's model says (`takes_uint8_images`), uint8 with no Trainer, and a
-        refusal for a model that says nothing."""
+        what the Trainer's model says (`takes_uint8_images`), uint8 with no Trainer, and floats
+        for a model that says nothing (a LightningModule as Lightning's docs write one), said in
+        one line."""
         if self.float_images is not None:
             return self.float_images
         if self.trainer is None or self.trainer.lightning_module is None:
             return False
         model = self.trainer.lightning_module
         takes_uint8 = getattr(model, "takes_uint8_images", None)
-        if takes_uint8 is None:
-            # Either guess would feed a model written for the other scale without a word.
-            raise MisconfigurationException(
-                f"{type(model).__name__} does not say which images it takes: float_images=True "
-                f"gives float32 images on the 0..1 scale (as torchvision's ToTensor does), False "
-                f"the uint8 images (--data.float_images on the command line)")
+        if takes_uint8 is None and not self.said_floats:
+            # A model written for uint8 would otherwise be fed floats without a word.
+            rank_zero_only(print)(f"{type(model).__name__} gets float32 images on the 0..1 scale, "
+                                  f"as torchvision's ToTensor gives them (--data.float_images "
+                                  f"false: the uint8 images; or a `takes_uint8_images` attribute "
+                                  f"of the model's)", file=sys.stderr)
+            self.said_floats = True
         return not takes_uint8
 
     def _eval_batches(self, split: str) -> DeviceBatches:

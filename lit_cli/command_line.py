@@ -19,7 +19,8 @@ from lightning.pytorch.utilities import rank_zero_only
 import datamodules
 from lit_cli import runs
 from lit_cli.errors import UsageError
-from lit_models import NETWORKS
+from lit_models import NETWORKS, ImageClassifier
+from lit_models.networks import import_class
 
 
 def recipes_folder() -> Path:
@@ -36,6 +37,9 @@ RECIPES = recipes_folder()
 # Each subcommand, and the arguments of its Trainer method that are not options (LightningCLI's).
 SUBCOMMANDS = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
 DEFAULT_RECIPE = "cnn"
+DESCRIPTION = ("Train, test and use image classifiers with LightningCLI (README.md has the whole "
+               "path). The model's options: --model.help ImageClassifier (or a LightningModule of "
+               "yours); its network's: --model.net.help mlp (or cnn, or a class).")
 
 # The classes a short name stands for, by the option that takes it.
 SHORT_NAMES = {"--data": datamodules.DATA, "--data.help": datamodules.DATA,
@@ -70,7 +74,8 @@ def expand(argv: list[str]) -> list[str]:
     for config in configs(args):
         check_text(config)
     spec = runs.option(args, "--ckpt_path")[0]
-    configured = bool(given_recipes) or bool(configs(args)) or any_model(args)
+    model_given = runs.option(args, "--model")[0] is not None
+    configured = bool(given_recipes) or bool(configs(args)) or model_given
     if spec is not None:
         base, args = runs.replay(subcommand, spec, args, configured)
     elif "-h" in args or "--help" in args:
@@ -150,17 +155,24 @@ def class_path(key: str, value: str) -> str:
 
 
 def default_recipe(given_recipes: list[str], args: list[str]) -> list[str]:
-    """The default recipe, where nothing names a model: a `--config` of a few trainer options goes
-    on top of it."""
-    names_a_model = bool(given_recipes) or any_model(args)
-    if names_a_model or any(sets_model(config) for config in configs(args)):
+    """The default recipe, beneath a command line that names no model of its own: nothing, a
+    `--config` of a few trainer options, or a subclass of ImageClassifier (`--model
+    my_losses.Focal`: the recipe's settings apply to it too). A LightningModule of the user's
+    runs with its own defaults, on the `--data` given."""
+    if given_recipes or any(sets_model(config) for config in configs(args)):
+        return []
+    model = runs.option(args, "--model")[0]
+    if model is not None and not extends_ours(model):
         return []
     return ["--config", str(RECIPES / f"{DEFAULT_RECIPE}.yaml")]
 
 
-def any_model(args: list[str]) -> bool:
-    """Whether the written-out command line names a model class (`--model=CLASS`)."""
-    return any(a.startswith("--model=") for a in args)
+def extends_ours(class_path: str) -> bool:
+    """Whether a model's class path names ImageClassifier or a subclass of it; True where it does
+    not import (jsonargparse then says why)."""
+    with suppress(ImportError, AttributeError, ValueError, TypeError):
+        return issubclass(import_class(class_path), ImageClassifier)
+    return True
 
 
 def configs(args: list[str]) -> list[str]:

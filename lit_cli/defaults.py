@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Pr
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from lit_models import LastCheckpoint, TimedProgressBar
+from lit_models import ImageClassifier, LastCheckpoint, TimedProgressBar
 from lit_models.networks import import_class
 
 BEST_CHECKPOINT = {
@@ -47,6 +47,7 @@ class Situation:
     no_logger: bool
     theirs: list[type]
     their_save_last: bool
+    their_model: bool  # a LightningModule of the user's, which may log no val/acc
 
     def has(self, cls: type) -> bool:
         return any(issubclass(c, cls) for c in self.theirs)
@@ -55,7 +56,7 @@ class Situation:
 # A default callback steps aside when its rule holds: Lightning's own rule for its default
 # ModelCheckpoint and progress bar, applied to ours.
 RULES = {
-    ModelCheckpoint: lambda s: s.no_checkpoints or any(
+    ModelCheckpoint: lambda s: s.no_checkpoints or s.their_model or any(
         issubclass(c, ModelCheckpoint) and c is not LastCheckpoint for c in s.theirs),
     LastCheckpoint: lambda s: s.no_checkpoints or s.their_save_last,
     TimedProgressBar: lambda s: s.no_progress_bar or s.has(ProgressBar),
@@ -63,8 +64,9 @@ RULES = {
 }
 
 
-def without_those_that_step_aside(trainer: Namespace) -> list:
-    """The callbacks of a Trainer's configuration less the defaults whose rule holds."""
+def without_those_that_step_aside(trainer: Namespace, model: Namespace) -> list:
+    """The callbacks of a Trainer's configuration less the defaults whose rule holds, for the
+    model `model` ({class_path, init_args})."""
     callbacks = list(trainer.callbacks or [])
     ours = [is_default(c) and c not in callbacks[:i] for i, c in enumerate(callbacks)]
     mine = [c for c, default in zip(callbacks, ours) if not default]
@@ -75,6 +77,7 @@ def without_those_that_step_aside(trainer: Namespace) -> list:
         no_logger=trainer.logger is False or bare,
         theirs=[import_class(c.class_path) for c in mine],
         their_save_last=any(saves_last(c) for c in mine),
+        their_model=not issubclass(import_class(model.class_path), ImageClassifier),
     )
     kept = []
     for callback, default in zip(callbacks, ours):

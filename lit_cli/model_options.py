@@ -18,10 +18,32 @@ def one_learning_rate(model: Namespace) -> None:
         return
     given = (optimizer.get("init_args") or Namespace()).get("lr")
     default = class_defaults(optimizer.class_path).get("lr")
-    if model.get("lr") is not None and given != default:
+    if model.get("lr") is None:
+        return
+    if given != default:
         raise UsageError(f"--model.optimizer.lr {given}: the learning rate is --model.lr (the peak "
                          f"of OneCycle, what the learning-rate finder sets): give --model.lr "
                          f"{given}, or --model.lr null to use the optimizer's")
+    # Not in config.yaml or the checkpoint: one learning rate in every record.
+    optimizer.init_args.pop("lr", None)
+
+
+# LightningCLI's `--optimizer` and `--lr_scheduler`, and the model's own options for them.
+MODEL_OPTIONS = {"optimizer": "optimizer", "lr_scheduler": "scheduler"}
+
+
+def lightnings_flags_as_the_models(config: Namespace) -> None:
+    """LightningCLI's `--optimizer` and `--lr_scheduler` as the model's own `optimizer` and
+    `scheduler` where it takes them (ImageClassifier): one way to say each, which the model's
+    `lr` and schedule plan apply to. A model without them gets LightningCLI's (its
+    configure_optimizers replaced, as LightningCLI documents)."""
+    init = config.model.get("init_args")
+    for flag, option in MODEL_OPTIONS.items():
+        given = config.get(flag)
+        if given is None or not isinstance(init, Namespace) or option not in init:
+            continue
+        init[option] = given
+        config[flag] = None
 
 
 def from_own_defaults(model: Namespace, given: dict[str, tuple[str, set[str]]]) -> None:

@@ -147,7 +147,8 @@ def show(writer: CSVPredictions, class_names: list[str]) -> None:
     """A few of the predictions, spread over the images: files with their top classes, or a
     split's true and predicted classes in two lines, as the tutorial prints them."""
     rows = writer.rows
-    shown = [rows[i * len(rows) // SHOWN] for i in range(min(SHOWN, len(rows)))]
+    count = min(SHOWN, len(rows))  # each shown once: all of them, or SHOWN spread over them
+    shown = [rows[i * len(rows) // count] for i in range(count)]
     if writer.labelled:
         width = max(len(name) for name in class_names)
         print("GroundTruth:  " + " ".join(f"{row[-1]:{width}s}" for row in shown).rstrip())

@@ -3,11 +3,15 @@
 import json
 from pathlib import Path
 
-from lit_cli.errors import UsageError
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lit_cli.errors import UsageError, explain
 from lit_cli.runs import log_dir
 from lit_cli.signals import raise_if_asked
 from lit_common.files import written_whole
-from lit_models import TrainingSpeed
+from lit_models import ImageClassifier, TrainingSpeed
+from lit_models.dashboards import model_name
 from lit_models.tags import class_metrics
 
 SPLITS = {"test": "test", "validate": "val"}
@@ -16,51 +20,88 @@ SPLITS = {"test": "test", "validate": "val"}
 def record(cli, stage: str, metrics: dict, checkpoint: str | None, extra: dict) -> dict:
     """The record of a fit and its test, or of a test or validation of a checkpoint: printed in
     one line, and written as results.json in its log folder (NaN written as null)."""
-    trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    trainer, model = cli.trainer, cli.model
     split = SPLITS.get(stage, "test")
-    # By the classes' exact names: a metric's tag holds a name made safe for TensorBoard.
-    named = class_metrics(model.class_names, split)
-    per_class = {name: metrics[key] for key, name in named.items() if key in metrics}
+    per_class = None
+    if isinstance(model, ImageClassifier):  # by the classes' exact names, not their tags'
+        named = class_metrics(model.class_names, split)
+        per_class = {name: metrics[key] for key, name in named.items() if key in metrics}
     entry = {
-        "stage": stage, "model": model.net_name,
-        "data": getattr(data, "name", "") or type(data).__name__,
+        "stage": stage, **what_ran(model, cli.datamodule),
         f"{split}/acc": metrics.get(f"{split}/acc"), f"{split}/loss": metrics.get(f"{split}/loss"),
-        "val/acc_best": metrics.get("val/acc_best"),
+        "val/acc_best": metrics.get("val/acc_best"), "test": metrics.get("test"),
         "epochs": trainer.current_epoch, "global_step": trainer.global_step, **extra,
         "device": str(trainer.strategy.root_device), "precision": str(trainer.precision),
         "seed": cli.given.seed_everything, "checkpoint": checkpoint,
         "log_dir": log_dir(trainer),
         f"{split}/acc_per_class": per_class or None,
     }
+    if stage != "fit":
+        del entry["test"]
     if trainer.is_global_zero:
         trainer.wrote = write(entry)
-        print(summary(entry, split, stage, checkpoint), flush=True)
+        print(f"{model_name(model)} {summary(entry, split, stage, checkpoint)}", flush=True)
     return entry
 
 
-def metrics(trainer, model, stage: str) -> dict:
-    """What the test or validation just run logged, with the run's best val/acc."""
+def what_ran(model, data) -> dict:
+    """The model's class, its network where it has one (ImageClassifier's), and the data set."""
+    network = None
+    if isinstance(model, ImageClassifier):
+        network = model.net_name
+    return {"model": type(model).__name__, "network": network,
+            "data": getattr(data, "name", "") or type(data).__name__}
+
+
+def metrics(trainer, model, stage: str, after_fit: bool = False) -> dict:
+    """What the test or validation just run logged, with the run's best val/acc where the model
+    keeps it (ImageClassifier). No batches: a UsageError, or after a fit a skipped test."""
     raise_if_asked(trainer)  # at the last batch Lightning's loop ends quietly
     split = SPLITS[stage]
     batches = {"test": trainer.num_test_batches, "val": trainer.num_val_batches}[split]
+    if not sum(batches) and after_fit:
+        return {"test": "skipped: no test batches (--trainer.limit_test_batches 0?)"}
     if not sum(batches):
         names = {"test": ("test", "validate"), "val": ("validation", "test")}[split]
         raise UsageError(f"there is no {names[0]} set to {stage} on (--data.val_size 0?): "
                          f"{names[1]} instead")
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(split)}
     best = None
-    if model.val_acc_best.update_count:
+    if isinstance(model, ImageClassifier) and model.val_acc_best.update_count:
         best = float(model.val_acc_best.compute())
-    return logged | {"val/acc_best": best}
+    return logged | {"val/acc_best": best, "test": "tested"}
 
 
-def of_the_fit(trainer, seconds: float, epochs: int, step: int) -> dict:
-    """What a fit adds to its record: its time, its training speed, its epochs and steps."""
+def untestable(model, data) -> str | None:
+    """Why a fit's model cannot be tested after it: no test_step, or no test split."""
+    if not is_overridden("test_step", model):
+        return f"{type(model).__name__} has no test_step"
+    if data is None or not is_overridden("test_dataloader", data):
+        return "the data module has no test_dataloader"
+    return None
+
+
+def failure(error: BaseException) -> str:
+    """What a test after a fit that did not end says of it in the fit's record."""
+    if isinstance(error, (SIGTERMException, KeyboardInterrupt)):
+        return "stopped"
+    said = explain(error)[1] or f"{type(error).__name__}: {error}"
+    return f"failed: {said}"
+
+
+def of_the_fit(trainer, seconds: float) -> dict:
+    """What a fit adds to its record, read before its test: its time, how it went on from its
+    checkpoint, its training speed, its epochs, steps and best val/acc."""
     speed = next((c for c in trainer.callbacks if isinstance(c, TrainingSpeed)), TrainingSpeed())
-    return {"fit_seconds": round(seconds, 2),
+    best = trainer.callback_metrics.get("val/acc_best")
+    model, resumed = trainer.lightning_module, None
+    if isinstance(model, ImageClassifier) and model.resumed is not None:
+        resumed = model.resumed.said()
+    return {"fit_seconds": round(seconds, 2), "resumed": resumed,
             "train_images_per_second": round(speed.images_per_second, 1),
             "train_epoch_seconds": [round(s, 4) for s in speed.epoch_seconds],
-            "epochs": epochs, "global_step": step}
+            "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+            "val/acc_best": None if best is None else float(best)}
 
 
 def write(entry: dict) -> Path | None:
@@ -77,8 +118,14 @@ def write(entry: dict) -> Path | None:
 
 
 def summary(entry: dict, split: str, stage: str, checkpoint: str | None) -> str:
-    """`mlp on mnist: test/acc 0.9712 (best val/acc 0.9730) after 30 epochs, ...`"""
-    shown = number(entry[f"{split}/acc"], "not logged (--trainer.barebones)")
+    """`on mnist: test/acc 0.9712 (best val/acc 0.9730) after 30 epochs, fit in ...`, after the
+    model's name."""
+    missing = "not logged"
+    if entry["network"] is not None:  # ImageClassifier's: logged but under barebones
+        missing = "not logged (--trainer.barebones)"
+    shown = f"{split}/acc " + number(entry[f"{split}/acc"], missing)
+    if entry.get("test") not in (None, "tested"):
+        shown = f"test {entry['test']}"
     source = f"from {checkpoint}"
     if stage == "fit":
         validation = number(entry["val/acc_best"], "", "best val/acc ") or "no validation"
@@ -88,11 +135,11 @@ def summary(entry: dict, split: str, stage: str, checkpoint: str | None) -> str:
     if entry["log_dir"]:
         logs = f"logs in {entry['log_dir']}"
     where = f"on {entry['device']}; {logs}"
-    return f"{entry['model']} on {entry['data']}: {split}/acc {shown} {source} {where}"
+    return f"on {entry['data']}: {shown} {source} {where}"
 
 
-def number(value: float | None, missing: str, name: str = "") -> str:
-    """`name` and a metric to four places, or what to say when it was not measured."""
+def number(value: float | None, missing: str, label: str = "") -> str:
+    """`label` and a metric to four places, or what to say when it was not measured."""
     if value is None:
         return missing
-    return f"{name}{value:.4f}"
+    return f"{label}{value:.4f}"

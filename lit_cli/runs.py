@@ -4,7 +4,9 @@ whether it can resume, and the run folder a new run or test claims for itself.""
 import fcntl
 import json
 import os
+import time
 import zipfile
+from contextlib import suppress
 from pathlib import Path
 
 import torch
@@ -19,7 +21,6 @@ from lit_cli.defaults import USE_CALLBACKS
 from lit_cli.errors import UsageError
 from lit_common.files import remove_leftovers
 from lit_models import ModelError
-from lit_models.parts import network_name
 
 # How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
 # logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials lie deeper, and are not taken.
@@ -69,10 +70,10 @@ def replay(subcommand: str, spec: str, args: list[str],
     else:
         base += use_settings(subcommand, path, config, logger_given)
         model = model_spec(contents)
-        base.append(f"--model={json.dumps(model)}")
-        net = network_name(None, model["init_args"]["net"])
-        rank_zero_only(print)(f"Using {path} ({net}, epoch {contents.get('epoch')}, "
-                              f"step {contents.get('global_step')})")
+        if model is not None:
+            base.append(f"--model={json.dumps(model)}")
+        rank_zero_only(print)(f"Using {path} (epoch {contents.get('epoch')}, step "
+                              f"{contents.get('global_step')})")
     return base, [*args, "--ckpt_path", str(path)]
 
 
@@ -163,7 +164,7 @@ def best_checkpoint(newest: Path) -> Path | None:
 
 
 def read_checkpoint(path: Path) -> dict:
-    """A checkpoint file's contents, checked to be a whole checkpoint of an ImageClassifier."""
+    """A checkpoint file's contents, checked to be a whole Lightning checkpoint."""
     if not path.is_file():
         raise UsageError(f"--ckpt_path {path}: no such checkpoint file")
     try:  # torch's reader skips the zip's checksums: a damaged file would load
@@ -184,14 +185,9 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def check_contents(path: Path, contents) -> None:
-    """A ModelError unless `contents` holds an ImageClassifier's weights, hyperparameters and
-    Lightning version."""
-    if not isinstance(contents, dict):
-        contents = {}
-    hparams = contents.get("hyper_parameters")
-    if not isinstance(hparams, dict) or "net" not in hparams or "state_dict" not in contents:
-        raise ModelError(f"{path} is not a checkpoint of an ImageClassifier (no state_dict, or no "
-                         f"net among its hyperparameters)")
+    """A ModelError unless `contents` holds a LightningModule's weights and Lightning's version."""
+    if not isinstance(contents, dict) or not isinstance(contents.get("state_dict"), dict):
+        raise ModelError(f"{path} is not a Lightning checkpoint (it has no state_dict)")
     try:
         Version(contents["pytorch-lightning_version"])  # what Lightning's loading reads first
     except (KeyError, TypeError, InvalidVersion):
@@ -217,11 +213,16 @@ def finished(path: str, contents: dict, max_epochs: int | None) -> str | None:
             f"trains on; train.py test --ckpt_path {path} tests it again)")
 
 
-def model_spec(contents: dict) -> dict:
-    """The model as a checkpoint holds it, as LightningCLI's `--model` takes it:
-    {class_path, init_args}."""
-    hparams = dict(contents["hyper_parameters"])
-    class_path = hparams.pop("_class_path", "lit_models.ImageClassifier")
+def model_spec(contents: dict) -> dict | None:
+    """The model as a checkpoint holds it, as LightningCLI's `--model` takes it: {class_path,
+    init_args}; None where its hyperparameters do not say (a model that saves none: its run's
+    config.yaml does)."""
+    hparams = dict(contents.get("hyper_parameters") or {})
+    class_path = hparams.pop("_class_path", None)
+    if class_path is None and "net" in hparams:  # an ImageClassifier saved from Python
+        class_path = "lit_models.ImageClassifier"
+    if class_path is None:
+        return None
     init_args = {key: value for key, value in hparams.items() if not key.startswith("_")}
     return {"class_path": class_path, "init_args": init_args}
 
@@ -254,7 +255,7 @@ def log_dir(trainer) -> str | None:
     logger that keeps its runs elsewhere (MLflow, Weights & Biases), `save_dir/name/version`, where
     Lightning puts the run's checkpoints (and MLflow's file store the run itself). Lightning's
     `trainer.log_dir` is such a logger's save_dir, which every run would share."""
-    if not trainer.loggers:
+    if not trainer.loggers or trainer.fast_dev_run:  # Lightning's DummyLogger: no run folder
         return None
     logger = trainer.loggers[0]
     if isinstance(logger, (TensorBoardLogger, CSVLogger)):
@@ -263,20 +264,52 @@ def log_dir(trainer) -> str | None:
     return str(Path(save_dir, str(logger.name), str(logger.version)).absolute())
 
 
-def claim_version(logger) -> None:
-    """A run's folder of its own: Lightning's loggers pick the next free version_N without a lock
-    (pytorch-lightning#11418), so the launch's first process picks and makes it under a lock of
-    the loggers' folder (Lightning gives the other processes its log_dir)."""
-    first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))
-    if not (first and isinstance(logger, (TensorBoardLogger, CSVLogger))):
-        return
-    Path(logger.root_dir).mkdir(parents=True, exist_ok=True)
-    folder = os.open(logger.root_dir, os.O_RDONLY)
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
-        Path(logger.log_dir).mkdir(parents=True, exist_ok=True)
-    finally:
-        os.close(folder)
+class Claim:
+    """The run's folder of a command: claimed for it alone, and taken back if the command fails or
+    stops before it writes a checkpoint, so that a failed command leaves no run folder (and no file
+    in a run it resumed).
+
+    Lightning's loggers pick the next free version_N without a lock
+    (pytorch-lightning#11418): the launch's first process picks and makes it under a lock of the
+    loggers' folder (Lightning gives the other processes its log_dir)."""
+
+    def __init__(self):
+        self.folder: Path | None = None
+        self.found: set[Path] = set()  # what the folder held before this command
+        self.made: list[Path] = []  # the folders this command made, the deepest first
+        self.since = 0.0
+
+    def take(self, logger) -> None:
+        first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))
+        if not (first and isinstance(logger, (TensorBoardLogger, CSVLogger))):
+            return
+        self.folder = Path(logger.log_dir).absolute()
+        self.made = [p for p in [self.folder, *self.folder.parents] if not p.exists()]
+        Path(logger.root_dir).mkdir(parents=True, exist_ok=True)
+        folder = os.open(logger.root_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            self.found, self.since = set(self.folder.rglob("*")), time.time()
+            self.folder.mkdir(parents=True, exist_ok=True)
+        finally:
+            os.close(folder)
+
+    def give_back(self) -> None:
+        """Remove what this command wrote in its run's folder, unless it wrote a checkpoint."""
+        if self.folder is None or not self.folder.is_dir():
+            return
+        if any(c.stat().st_mtime >= self.since for c in self.folder.rglob("*.ckpt")):
+            return
+        new = set(self.folder.rglob("*")) - self.found
+        for path in sorted(new, key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink()
+        for folder in self.made:
+            with suppress(OSError):  # not empty: another process's run is there now
+                folder.rmdir()
+        self.folder = None
 
 
 class SaveConfig(SaveConfigCallback):

@@ -128,6 +128,18 @@ class HeldStop(L.Callback):
         self.stops.deliver()
 
 
+def as_stop(cli, stops: Stops, error: BaseException) -> Stopped | None:
+    """The Stopped that ends a command which `error` (Lightning's SIGTERMException, a SystemExit
+    without a code, which would exit 0; a second Ctrl-C) stopped; None for other errors."""
+    # Lightning's end of a second Ctrl-C in a Trainer's stage
+    second_ctrl_c = isinstance(error, SystemExit) and stops.pressed > 1 and error.code == 1
+    if isinstance(error, KeyboardInterrupt):  # a second Ctrl-C where no Trainer runs
+        stops.pressed = max(1, stops.pressed)
+    elif not (isinstance(error, SIGTERMException) or second_ctrl_c):
+        return None
+    return stopped(cli, stops)
+
+
 def stopped(cli, stops: Stops) -> Stopped:
     """The one line of a command stopped by a signal, and its exit code."""
     by, code = stops.how()

@@ -15,6 +15,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 from lit_cli import predict as predict_files
 from lit_cli.errors import UsageError
 from lit_cli.runs import read_checkpoint
+from lit_models import ImageClassifier
 from lit_models import export as exports
 
 
@@ -26,7 +27,9 @@ class Trainer(L.Trainer):
     def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None,
                 ckpt_path=None, weights_only=None, inputs: list[str] | None = None,
                 output: str | None = None) -> dict:
-        """Predict each image's top classes into a CSV file.
+        """Predict each image's top classes into a CSV file (an ImageClassifier's; a user's
+        LightningModule predicts as in Lightning, through the prediction writers among the
+        callbacks).
 
         Args:
             inputs: image files, folders (searched recursively) or globs; none: the test split of
@@ -35,8 +38,15 @@ class Trainer(L.Trainer):
         """
         if dataloaders is not None:
             raise UsageError("train.py's predict reads --inputs or the data module's test split")
-        return predict_files.predict(self, model, datamodule, ckpt_path, inputs, output,
-                                     weights_only)
+        if isinstance(model, ImageClassifier):
+            return predict_files.predict(self, model, datamodule, ckpt_path, inputs, output,
+                                         weights_only)
+        if inputs or output:  # a user's LightningModule: Lightning's predict, as LightningCLI's
+            raise UsageError(f"--inputs and --output write an ImageClassifier's predictions; "
+                             f"{type(model).__name__}'s go to the prediction writers among "
+                             f"--trainer.callbacks")
+        return super().predict(model, datamodule=datamodule, ckpt_path=ckpt_path,
+                               weights_only=weights_only, return_predictions=return_predictions)
 
     def export(self, model: L.LightningModule, datamodule: L.LightningDataModule | None = None,
                ckpt_path: str | None = None, format: str = "onnx", output: str | None = None,

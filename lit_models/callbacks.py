@@ -9,6 +9,7 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
+from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
@@ -42,7 +43,7 @@ class LastCheckpoint(ModelCheckpoint):
         # from, and no folder of its own yet: the same command starts it again.
         stepped = trainer.global_step > 0 and self.dirpath is not None
         if isinstance(exception, SIGTERMException) and fitting(trainer) and stepped:
-            trainer.save_checkpoint(self.format_checkpoint_name({}))
+            trainer.save_checkpoint(self.format_checkpoint_name({}), weights_only=False)
             self.saved_on_stop = self.format_checkpoint_name({})
 
     # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own
@@ -103,7 +104,7 @@ class TrainingSpeed(L.Callback):
             self._start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._images += len(batch[1])  # a shape, not a value: no sync
+        self._images += batch_size(batch)
 
     def on_validation_start(self, trainer, pl_module):
         # The clock stops for validation, also mid-epoch (val_check_interval).
@@ -128,6 +129,14 @@ class TrainingSpeed(L.Callback):
         if not self.epoch_seconds:
             return 0.0
         return self.images / sum(self.epoch_seconds)
+
+
+def batch_size(batch) -> int:
+    """A batch's images, from a shape, not a value (no wait for the device): (images, labels) as
+    the data modules give them, or what Lightning finds in any other batch."""
+    if isinstance(batch, (list, tuple)):
+        return len(batch[0])
+    return extract_batch_size(batch)
 
 
 class TimedProgressBar(TQDMProgressBar):

@@ -1,6 +1,7 @@
 """One LightningModule for image classification: normalisation, loss, metrics and optimisation
 around a network."""
 
+import sys
 from collections import OrderedDict
 from typing import Literal, Optional, Union
 
@@ -8,11 +9,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lit_common.seeds import mix_seed
-from lit_models import checks, parts
+from lit_models import checks, parts, resume
 from lit_models.checks import ModelError
 from lit_models.networks import TutorialCNN
 from lit_models.tags import class_metrics
@@ -91,6 +93,7 @@ class ImageClassifier(L.LightningModule):
         self.save_hyperparameters()
         self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
         self.net = None
+        self.resumed: resume.Resumption | None = None  # a fit's from its checkpoint
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
@@ -185,6 +188,8 @@ class ImageClassifier(L.LightningModule):
             if unnamed and len(getattr(data, "classes", ())) == self.hparams.num_classes:
                 self.hparams.class_names = list(data.classes)
             self.check_data(data)
+        if stage == "fit":
+            self.resumed = None  # until a checkpoint says how this fit goes on
         if stage == "fit" and self.per_step_schedule:
             checks.check_planned_schedule(self.trainer.callbacks)
 
@@ -320,6 +325,7 @@ class ImageClassifier(L.LightningModule):
             return
         if self.trainer.training:
             checks.check_resumable(checkpoint, data)
+            self.resumed = resume.plan(checkpoint, self.hparams, self.run_steps())
 
     def check_weights(self, weights: dict) -> None:
         """A ModelError naming the weights missing, unexpected or of another shape than ours."""
@@ -384,17 +390,43 @@ class ImageClassifier(L.LightningModule):
             self.trainer.strategy.setup_optimizers(self.trainer)
             self.save_hyperparameters(dict(self.hparams))
 
+    def run_steps(self) -> int | None:
+        """The run's optimizer steps, where the schedule is planned over them (OneCycle)."""
+        if not self.per_step_schedule:
+            return None
+        steps = self.trainer.estimated_stepping_batches
+        checks.check_bounded(steps)
+        return max(1, int(steps))
+
     def configure_optimizers(self):
         # Frozen parameters (a backbone's) join later.
         self.planned_lr = self.hparams.lr
         trained = [p for p in self.parameters() if p.requires_grad]
         optimizer = parts.build_optimizer(self.optimizer_factory, trained, self.hparams.lr)
+        resumed = self.resumed
+        if resumed is not None and resumed.optimizer_state is not None:
+            resume.load_state(optimizer, resumed.optimizer_state)
+        configured = self.schedule(optimizer)
+        if resumed is not None:
+            rank_zero_only(print)(f"Resumed: {resumed.said()}", file=sys.stderr)
+        return configured
+
+    def schedule(self, optimizer: torch.optim.Optimizer):
+        """The optimizer and its schedule, as configure_optimizers returns them."""
         if self.scheduler_factory is None:
             return optimizer
+        resumed = self.resumed
         if not self.per_step_schedule:
-            return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
-        steps = self.trainer.estimated_stepping_batches
-        checks.check_bounded(steps)
-        scheduler = self.scheduler_factory(optimizer, total_steps=max(1, int(steps)))
-        schedule = {"scheduler": scheduler, "interval": "step"}
+            scheduler = self.scheduler_factory(optimizer)
+            schedule = {"scheduler": scheduler}
+        else:
+            steps, start = self.run_steps(), 0
+            if resumed is not None and resumed.new_schedule:
+                start = min(resumed.step, steps - 1)  # from the checkpoint's step to the end
+            scheduler = self.scheduler_factory(optimizer, total_steps=steps - start)
+            schedule = {"scheduler": scheduler, "interval": "step"}
+            if resumed is not None:
+                resumed.end = steps
+        if resumed is not None:
+            resumed.schedule = type(scheduler).__name__
         return {"optimizer": optimizer, "lr_scheduler": schedule}

@@ -82,6 +82,8 @@ class Dashboards(L.Callback):
         self.shown = []
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not isinstance(pl_module, ImageClassifier):  # a model of the user's: its own images
+            return
         wanted = self.wanted(trainer.num_test_batches[dataloader_idx], batch_idx)
         wanted = min(wanted, self.images - sum(len(labels) for _, labels, _ in self.shown))
         if wanted <= 0 or not shows_images(trainer):
@@ -169,7 +171,7 @@ def settings(trainer, pl_module) -> dict[str, str | int | float]:
     model = {k: v for k, v in given.items() if k not in ("optimizer", "scheduler")}
     if isinstance(model.get("net"), str):  # an import path (torchvision's builders): its name
         model["net"] = model["net"].rpartition(".")[2]
-    columns = flatten(model, "model/")
+    columns = {"Model": type(pl_module).__name__, **flatten(model, "model/")}
     if trainer.datamodule is not None:
         columns["data"] = type(trainer.datamodule).__name__
         columns |= flatten(trainer.datamodule.hparams_initial, "data/")
@@ -195,14 +197,22 @@ FIRST = {"model/net": "Network", "model/lr": "Learning rate", "optimizer": "Opti
 
 
 def summary(trainer, pl_module, columns: dict) -> str:
-    """`mlp on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 512, 30 epochs`."""
+    """`ImageClassifier(mlp) on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 512, 30
+    epochs`."""
     data = getattr(trainer.datamodule, "name", "") or columns.get("data", "no data module")
-    name = getattr(pl_module, "net_name", type(pl_module).__name__)
     said = [columns.get(key) for key in ("Network", "Optimizer", "scheduler")]
     said.insert(1, f"lr {columns['Learning rate']}" if "Learning rate" in columns else None)
     said += [f"batch {columns['Batch size']}" if "Batch size" in columns else None,
              f"{trainer.max_epochs} epochs"]
-    return f"{name} on {data}: " + ", ".join(str(part) for part in said if part)
+    return f"{model_name(pl_module)} on {data}: " + ", ".join(str(part) for part in said if part)
+
+
+def model_name(model) -> str:
+    """`ImageClassifier(mlp)`: the model's class and its network; a LightningModule of the
+    user's, its class."""
+    if not isinstance(model, ImageClassifier):
+        return type(model).__name__
+    return f"{type(model).__name__}({model.net_name})"
 
 
 def numbered(name: str, i: int) -> str:

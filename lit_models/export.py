@@ -5,6 +5,7 @@ import copy
 import json
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import torch
 from torch import nn
@@ -43,6 +44,8 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
     on up to 256 test images of `data` (in batches of 1 and of the rest: any N must work) before it
     takes its name."""
     target = export_target(fmt, output, checkpoint)
+    if not isinstance(model, ImageClassifier):
+        return export_own(model, fmt, target)
     images = checking_images(data)
     model = model.cpu().eval()
     expected = model.classify(images).numpy()
@@ -70,6 +73,31 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
           f"{agree} of {n} top classes the same")
     return {"stage": "export", "format": fmt, "output": str(target),
             "max_difference": difference, "agree": agree}
+
+
+def export_own(model: L.LightningModule, fmt: str, target: Path) -> dict:
+    """A LightningModule of the user's, as it is, traced on its `example_input_array` by
+    Lightning's and torch's exporters (an ImageClassifier's export is also checked on test
+    images)."""
+    example = model.example_input_array
+    if not isinstance(example, torch.Tensor):
+        raise ModelError(f"{type(model).__name__} has no example_input_array (a tensor): export "
+                         f"traces the model on it; set it in the model's __init__")
+    model = model.cpu().eval()
+    with written_whole(target, FORMATS[fmt]) as tmp:
+        if fmt == "onnx":
+            model.to_onnx(str(tmp), example, external_data=False)
+        elif fmt == "torchscript":
+            # torch's trace check fails on modules it renames between two traces (lazy layers)
+            traced = model.to_torchscript(method="trace", example_inputs=example,
+                                          check_trace=False)
+            torch.jit.save(traced, tmp)
+        else:
+            torch.export.save(torch.export.export(model, (example,)), tmp)
+    kib = target.stat().st_size / 1024
+    print(f"Exported {type(model).__name__} as {fmt} to {target} ({kib:.0f} KiB), traced on its "
+          f"example_input_array {tuple(example.shape)}")
+    return {"stage": "export", "format": fmt, "output": str(target)}
 
 
 def export_target(fmt: str, output: str | None, checkpoint: Path | None) -> Path:

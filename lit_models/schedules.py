@@ -38,13 +38,3 @@ class OneCycle(OneCycleLR):
         max_lr = [group["lr"] for group in optimizer.param_groups]
         super().__init__(optimizer, max_lr=max_lr, total_steps=total_steps, pct_start=pct_start,
                          cycle_momentum=cycle_momentum)
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        # torch would take the checkpoint's length, and fail ("Tried to step N times") once past it.
-        planned = state_dict.get("total_steps")
-        if planned != self.total_steps:
-            raise ModelError(f"the checkpoint's OneCycle schedule was planned for {planned} "
-                             f"optimizer steps and this run has {self.total_steps}: resume it "
-                             f"with the --trainer.max_epochs/max_steps it was started with, or "
-                             f"start a new run")
-        super().load_state_dict(state_dict)

@@ -35,7 +35,7 @@ def test_a_torchvision_network_trains_tests_and_loads_from_the_command_line(cifa
     net = ["--model.net", "torchvision.models.resnet18"]
     assert run_train(["--model", "cnn", *net, "--data.data_dir", str(cifar10_dir), *SHORT]) == 0
     (run,) = runs(in_tmp)
-    assert results(run)["model"] == "ResNet"
+    assert results(run)["network"] == "ResNet"
     assert run_train(["test", "--ckpt_path", "best"]) == 0
     model = ImageClassifier.load_from_checkpoint(run / "checkpoints" / "last.ckpt")
     assert type(model.net).__name__ == "ResNet" and model.net.fc.out_features == 10
@@ -296,6 +296,7 @@ def test_tensorboards_first_view_names_the_run_and_has_no_placeholder(trained):
     events.Reload()
     (text,) = [t for t in events.Tags()["tensors"] if t.startswith("run")]
     said = events.Tensors(text)[0].tensor_proto.string_val[0].decode()
-    assert said == "mlp on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 64, 3 epochs"
+    assert said == ("ImageClassifier(mlp) on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, "
+                    "batch 64, 3 epochs")
     values = [e.value for e in events.Scalars("hp_metric")]
     assert len(values) == 3 and -1 not in values

@@ -19,7 +19,8 @@ from lit_models import NETWORKS
 def test_a_run_fits_tests_and_writes_its_directory(trained):
     run = trained.run
     record = results(run)
-    assert record["stage"] == "fit" and record["model"] == "mlp" and record["data"] == "mnist"
+    assert record["stage"] == "fit" and record["network"] == "mlp" and record["data"] == "mnist"
+    assert record["model"] == "ImageClassifier" and record["test"] == "tested"
     assert record["test/acc"] > 0.9 and record["val/acc_best"] > 0.9 and record["epochs"] == 3
     assert record["global_step"] == 3 * (540 // 64) and len(record["train_epoch_seconds"]) == 3
     assert set(record["test/acc_per_class"]) == set(datamodules.MNISTDataModule.classes)
@@ -273,7 +274,8 @@ def test_the_default_progress_bar_in_a_terminal(mnist_dir, tmp_path):
         cwd=tmp_path,
     )
     assert code == 0, output[-2000:]
-    assert "Epoch 1" in output and "val/acc" in output and "mlp on mnist: test/acc" in output
+    assert "Epoch 1" in output and "val/acc" in output
+    assert "ImageClassifier(mlp) on mnist: test/acc" in output
     assert "Traceback" not in output and "Warning" not in output.replace("PossibleUserWarning", "")
 
 
@@ -339,7 +341,7 @@ def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(own_mo
     assert code == 0, capsys.readouterr().err[-2000:]
     record = results(runs(tmp_path)[0])
     assert (
-        record["test/acc"] == 1.0 and record["data"] == "stripes" and record["model"] == "TinyNet"
+        record["test/acc"] == 1.0 and record["data"] == "stripes" and record["network"] == "TinyNet"
     )
     assert set(record["test/acc_per_class"]) == {"horizontal", "vertical"}
     capsys.readouterr()

@@ -14,6 +14,7 @@ from PIL import Image
 from lit_models.dashboards import flatten, prediction_grid
 
 EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or Lightning adds
+    "Model",
     "Network",
     "model/net/hidden",
     "model/image_shape",

@@ -34,7 +34,7 @@ def test_two_process_ddp_trains_identical_replicas_and_counts_the_test_set_once(
         env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
     )
     assert code == 0, output[-3000:]
-    assert "Traceback" not in output and "mlp on mnist: test/acc" in output
+    assert "Traceback" not in output and "ImageClassifier(mlp) on mnist: test/acc" in output
     zero, one = (torch.load(tmp_path / f"weights-rank{r}.pt", weights_only=True) for r in (0, 1))
     assert all(torch.equal(zero[k], one[k]) for k in zero)
     record = json.loads((runs(tmp_path)[0] / "results.json").read_text())

@@ -367,7 +367,7 @@ def test_a_partial_config_goes_on_top_of_the_default_recipe(cifar10_dir, tmp_pat
     assert run_train(["--config", "few.yaml", "--data.data_dir", str(cifar10_dir)]) == 0
     (run,) = runs(tmp_path)
     record = results(run)
-    assert record["model"] == "cnn" and record["data"] == "cifar10" and record["global_step"] == 3
+    assert record["network"] == "cnn" and record["data"] == "cifar10" and record["global_step"] == 3
     assert "Problem with given class_path" not in capsys.readouterr().err
 
 

@@ -147,7 +147,7 @@ def test_export_round_trips_without_the_project(fmt, in_run, tmp_path, capsys):
 @pytest.mark.parametrize("problem, code, message", [
     ("missing", 2, "no such checkpoint file"),
     ("truncated", 1, "cannot be read; it may be truncated"),
-    ("not a checkpoint", 1, "not a checkpoint of an ImageClassifier"),
+    ("not a checkpoint", 1, "is not a Lightning checkpoint (it has no state_dict)"),
     ("a key deleted", 1,
      "weights do not fit this model (mlp for 10 classes of (1, 28, 28) images): net.fc2.bias"),
     ("network changed", 1, "missing, unexpected or of another shape"),
@@ -194,7 +194,7 @@ def test_a_moved_checkpoint_still_tests_from_what_it_carries(in_run, tmp_path, m
     code = run_train(["test", "--ckpt_path", str(moved), "--data.data_dir", str(in_run.data)])
     out, err = capsys.readouterr()
     assert code == 0, err[-1000:]
-    assert "mlp on mnist: test/acc" in out
+    assert "ImageClassifier(mlp) on mnist: test/acc" in out
 
 
 def test_an_explicit_output_is_replaced_only_by_a_whole_file(in_run, tmp_path, capsys):
