@@ -140,8 +140,8 @@ class ImageFolderDataModule(ImageDataModule):
         # numpy's format, named after what it was decoded from
         path = cache / f"{stem}-{key[:16]}.npy"
         try:
-            return self._images(path), torch.tensor(labels)
-        except (OSError, ValueError):  # none yet, or not whole: decode again
+            return self._images(path, len(files), split), torch.tensor(labels)
+        except (OSError, ValueError, EOFError):  # none yet, or not whole: decode again
             pass
         try:
             with written_whole(path) as tmp, open(tmp, "w+b") as file:
@@ -154,15 +154,32 @@ class ImageFolderDataModule(ImageDataModule):
         # of the files as they were, or an earlier .pt
         for old in set(cache.glob(f"{stem}*")) - {path}:
             old.unlink()
-        return self._images(path), torch.tensor(labels)
+        return self._images(path, len(files), split), torch.tensor(labels)
 
-    def _images(self, path: Path):
+    def _images(self, path: Path, count: int, split: str):
+        """The cached images of a split, in memory or on disk (`in_memory`); a ValueError for a
+        file that is not the `count` images this data module decodes (damaged, or not ours)."""
         images = np.load(path, mmap_mode="r")  # its header: nothing read
+        if not self._is_cache_of(images, count, split):
+            raise ValueError(f"{path} is not a cache of {count} images")
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         fits_a_quarter = self.in_memory == "auto" and 4 * images.nbytes <= memory
         if self.in_memory is True or fits_a_quarter:
             return torch.from_numpy(np.load(path))
         return DiskImages(path, images.shape, images.offset)
+
+    def _is_cache_of(self, images: np.ndarray, count: int, split: str) -> bool:
+        """Whether a cache file's array is what decoding `count` images of `split` gives: uint8
+        (N, C, H, W) in C order, of the channels and size asked for (and of the training images'
+        shape for the other splits)."""
+        laid_out = images.dtype == np.uint8 and images.ndim == 4 and images.flags.c_contiguous
+        if not laid_out or len(images) != count or images.shape[1] not in (1, 3):
+            return False
+        if split != "train":
+            return images.shape[1:] == tuple(self.image_shape)
+        channels_asked = self.channels in (None, images.shape[1])
+        size_asked = not self.image_size or images.shape[2:] == (self.image_size,) * 2
+        return channels_asked and size_asked
 
     def _decode(self, split: str, files: list[Path], file) -> None:
         """Decode `files` into `file` as a .npy array (N, C, H, W), a batch at a time."""
