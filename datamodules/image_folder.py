@@ -11,11 +11,11 @@ from typing import Iterator, Literal, Optional, Union
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.base import DataError, DiskImages, ImageDataModule
-from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from datamodules.images import DECODER_VERSION, ImageFiles, list_images, some
 from lit_common.files import written_whole
 
 
@@ -118,22 +118,24 @@ class ImageFolderDataModule(ImageDataModule):
                 if self._class_folders(other) != self.classes:
                     raise DataError(f"{self.root / other} must have the same class folders as "
                                     f"{self.root / 'train'}")
-            found = list_images([self.root / other / name for other in splits
-                                 for name in self.classes])
+            found, skipped = list_images([self.root / other / name for other in splits
+                                          for name in self.classes])
+            if skipped:
+                rank_zero_warn(f"skipped {len(skipped)} files in {self.root} that are not images "
+                               f"Pillow reads (by their extension): {some(skipped, self.root)}")
             n = len(self.classes)
             self._files = {other: found[i * n:(i + 1) * n] for i, other in enumerate(splits)}
         for name, paths in zip(self.classes, self._files[split]):
             if not paths:
-                raise DataError(f"the class folder {self.root / split / name} has no images "
-                                f"({' '.join(IMG_EXTENSIONS)}), or only links to images read "
-                                f"already")
+                raise DataError(f"the class folder {self.root / split / name} has no image files "
+                                f"Pillow reads, or only links to images read already")
         return ([path for paths in self._files[split] for path in paths],
                 [label for label, paths in enumerate(self._files[split]) for _ in paths])
 
     def _read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         files, labels = self.files(split)
         stats = [(str(f), *_stat(f)) for f in files]
-        key = _digest((2, split, self.image_size, self.channels, stats))
+        key = _digest((DECODER_VERSION, split, self.image_size, self.channels, stats))
         settings = _digest((str(self.root), self.image_size, self.channels))[:10]
         cache = Path(self.data_dir).expanduser() / "cache"
         stem = f"image_folder-{self.root.name}-{settings}-{split}"

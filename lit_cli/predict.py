@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from datamodules.images import ImageFiles, is_image, list_images, some
 from lit_cli.signals import raise_if_asked
 from lit_common.files import new_file, written_whole
 from lit_models import ModelError
@@ -21,27 +21,31 @@ SHOWN = 8  # predictions printed, spread over the images (a split is often sorte
 
 
 def find_images(inputs: list[str]) -> list[Path]:
-    """The image files --inputs names: files as given, folders searched recursively (by
-    extension), globs."""
-    found = []
+    """The image files --inputs names: files as given, folders searched recursively and globs (by
+    extension: the files that are not images Pillow reads are named in one line, and skipped)."""
+    found, skipped = [], []
     for spec in inputs:
         path = Path(spec).expanduser()
         if path.is_file():
-            matches = [path]
+            matches, others = [path], []
         elif path.is_dir():  # as an image folder's class folders are read: links followed, once
-            matches = list_images([path])[0]
+            (matches,), others = list_images([path])
         else:
-            pattern = glob.glob(os.path.expanduser(spec), recursive=True)
-            matches = sorted(Path(p) for p in pattern if is_image(Path(p)))
+            files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True)
+                           if Path(p).is_file())
+            matches = [f for f in files if is_image(f.name)]
+            others = [f for f in files if not is_image(f.name)]
         if not matches:
-            raise ModelError(f"--inputs {spec}: no such file, or no image files "
-                             f"({' '.join(IMG_EXTENSIONS)}) there")
+            there = "no such file, or no image files that Pillow reads there"
+            if others:
+                there = f"no image files that Pillow reads there, only {some(others)}"
+            raise ModelError(f"--inputs {spec}: {there}")
         found += matches
+        skipped += others
+    if skipped:
+        print(f"train.py: skipped {len(skipped)} files that are not images Pillow reads (by "
+              f"their extension): {some(skipped)}", file=sys.stderr)
     return found
-
-
-def is_image(path: Path) -> bool:
-    return path.name.lower().endswith(IMG_EXTENSIONS) and path.is_file()
 
 
 class CSVPredictions(BasePredictionWriter):
