@@ -1,6 +1,7 @@
 """`train.py predict`: each image's top classes to a CSV file, for the test split (with its true
 labels) or for image files, read with the decoder training used (README.md, Use)."""
 
+import contextlib
 import csv
 import glob
 import os
@@ -14,7 +15,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from datamodules.images import ImageFiles, is_image, list_images, some
 from lit_cli.signals import raise_if_asked
-from lit_common.files import new_file, written_whole
+from lit_common.files import new_file, output_over, written_whole
 from lit_models import ModelError
 
 SHOWN = 8  # predictions printed, spread over the images (a split is often sorted by class)
@@ -108,8 +109,8 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
         paths = find_images(inputs)
         channels, height, width = model.hparams.image_shape
         loader, data = ImageFiles(paths, channels, (height, width)).loader(), None
-    target = output_file(output, ckpt_path)
-    with written_whole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
+    with (output_file(output, ckpt_path, paths or []) as target, written_whole(target) as tmp,
+          open(tmp, "w", newline="", encoding="utf-8") as file):
         writer = CSVPredictions(file, model.class_names, paths)
         trainer.callbacks.append(writer)
         start = time.perf_counter()
@@ -124,10 +125,16 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
     return report(writer, target, seconds, trainer.strategy.root_device)
 
 
-def output_file(output: str | None, ckpt_path) -> Path:
-    """`--output`, or a new predictions-DATE-TIME.csv beside the checkpoint's run."""
+def output_file(output: str | None, ckpt_path, inputs: list[Path]):
+    """A context of the CSV file: `--output` (replaced, as asked, unless it is the checkpoint or an
+    input), or a new predictions-DATE-TIME.csv beside the checkpoint's run, a name of its own
+    (`new_file`: runs started in one second each get one)."""
     if output:
-        return Path(output).expanduser()
+        try:
+            return contextlib.nullcontext(output_over(Path(output).expanduser(),
+                                                      [ckpt_path, *inputs]))
+        except ValueError as e:
+            raise ModelError(f"--output {output}: {e}; name another file") from None
     stem = f"predictions-{datetime.now():%Y%m%d-%H%M%S}"
     return new_file(Path(ckpt_path).parent.parent, stem, ".csv")
 
