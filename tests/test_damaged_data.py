@@ -125,15 +125,38 @@ def test_gz_files_in_a_folder_that_cannot_be_written_are_read_in_memory(tmp_path
     assert (raw / IMAGES).is_file() and torch.equal(dm.read("test")[1], plain.read("test")[1])
 
 
-def test_a_download_that_cannot_write_into_the_folder_says_so(tmp_path, monkeypatch):
+@pytest.mark.parametrize("module", [MNISTDataModule, CIFAR10DataModule])
+def test_a_download_that_cannot_write_into_the_folder_says_so(module, tmp_path, monkeypatch):
     def download(dataset):  # as torchvision's fails in a folder of another user's
         raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr("torchvision.datasets.MNIST.download", download)
+    monkeypatch.setattr(f"torchvision.datasets.{module.name.upper()}.download", download)
     with pytest.raises(DataError) as error:
-        MNISTDataModule(data_dir=str(tmp_path)).prepare_data()
+        module(data_dir=str(tmp_path)).prepare_data()
     assert str(error.value).startswith(f"{tmp_path} cannot be written (Permission denied)")
     assert "download" in str(error.value) and "could not be downloaded" not in str(error.value)
+
+
+def unreadable(file, monkeypatch):
+    """Reading `file` refused, as for a file of another user's (root reads any)."""
+    real = Path.read_bytes
+
+    def read_bytes(path):
+        if path == file:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+
+
+def test_a_data_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    raw = write_mnist(tmp_path / "mnist") / "MNIST" / "raw"
+    unreadable(raw / LABELS, monkeypatch)
+    assert read_fails(tmp_path / "mnist") == f"cannot read {raw / LABELS} (Permission denied)"
+    batch = write_cifar10(tmp_path / "cifar") / "cifar-10-batches-py" / "data_batch_3"
+    unreadable(batch, monkeypatch)
+    with pytest.raises(DataError, match=f"^cannot read {batch} \\(Permission denied\\)$"):
+        CIFAR10DataModule(data_dir=str(tmp_path / "cifar")).read("train")
 
 
 # --- CIFAR-10's pickles, as they are when their checksums are not torchvision's
