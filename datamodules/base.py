@@ -1,6 +1,7 @@
 """What every data module shares: a seeded validation split, the training images' statistics, and
 batches cut from uint8 tensors that live on the training device, augmented there."""
 
+import errno
 import functools
 import math
 import sys
@@ -22,6 +23,16 @@ def download_error(error: Exception) -> str:
     """The last line of a download error (torchvision's list one line per mirror tried)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
+
+
+def unwritable(error: Exception, what: str) -> str | None:
+    """The line for a data folder that cannot be written (`what` says what is written there),
+    where a download or unpacking failed so; None for any other failure (the network's)."""
+    refused = (errno.EACCES, errno.EPERM, errno.EROFS)
+    if not isinstance(error, OSError) or error.errno not in refused:
+        return None
+    return (f"{error.filename} cannot be written ({error.strerror}): {what}; pass a "
+            f"--data.data_dir that can be written, or put the files there yourself")
 
 
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:

@@ -11,11 +11,11 @@ from typing import Iterator, Literal, Optional, Union
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.base import DataError, DiskImages, ImageDataModule
-from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from datamodules.images import DECODER_VERSION, ImageFiles, list_images, some
 from lit_common.files import written_whole
 
 
@@ -118,30 +118,32 @@ class ImageFolderDataModule(ImageDataModule):
                 if self._class_folders(other) != self.classes:
                     raise DataError(f"{self.root / other} must have the same class folders as "
                                     f"{self.root / 'train'}")
-            found = list_images([self.root / other / name for other in splits
-                                 for name in self.classes])
+            found, skipped = list_images([self.root / other / name for other in splits
+                                          for name in self.classes])
+            if skipped:
+                rank_zero_warn(f"skipped {len(skipped)} files in {self.root} that are not images "
+                               f"Pillow reads (by their extension): {some(skipped, self.root)}")
             n = len(self.classes)
             self._files = {other: found[i * n:(i + 1) * n] for i, other in enumerate(splits)}
         for name, paths in zip(self.classes, self._files[split]):
             if not paths:
-                raise DataError(f"the class folder {self.root / split / name} has no images "
-                                f"({' '.join(IMG_EXTENSIONS)}), or only links to images read "
-                                f"already")
+                raise DataError(f"the class folder {self.root / split / name} has no image files "
+                                f"Pillow reads, or only links to images read already")
         return ([path for paths in self._files[split] for path in paths],
                 [label for label, paths in enumerate(self._files[split]) for _ in paths])
 
     def _read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         files, labels = self.files(split)
         stats = [(str(f), *_stat(f)) for f in files]
-        key = _digest((2, split, self.image_size, self.channels, stats))
+        key = _digest((DECODER_VERSION, split, self.image_size, self.channels, stats))
         settings = _digest((str(self.root), self.image_size, self.channels))[:10]
         cache = Path(self.data_dir).expanduser() / "cache"
         stem = f"image_folder-{self.root.name}-{settings}-{split}"
         # numpy's format, named after what it was decoded from
         path = cache / f"{stem}-{key[:16]}.npy"
         try:
-            return self._images(path), torch.tensor(labels)
-        except (OSError, ValueError):  # none yet, or not whole: decode again
+            return self._images(path, len(files), split), torch.tensor(labels)
+        except (OSError, ValueError, EOFError):  # none yet, or not whole: decode again
             pass
         try:
             with written_whole(path) as tmp, open(tmp, "w+b") as file:
@@ -154,15 +156,32 @@ class ImageFolderDataModule(ImageDataModule):
         # of the files as they were, or an earlier .pt
         for old in set(cache.glob(f"{stem}*")) - {path}:
             old.unlink()
-        return self._images(path), torch.tensor(labels)
+        return self._images(path, len(files), split), torch.tensor(labels)
 
-    def _images(self, path: Path):
+    def _images(self, path: Path, count: int, split: str):
+        """The cached images of a split, in memory or on disk (`in_memory`); a ValueError for a
+        file that is not the `count` images this data module decodes (damaged, or not ours)."""
         images = np.load(path, mmap_mode="r")  # its header: nothing read
+        if not self._is_cache_of(images, count, split):
+            raise ValueError(f"{path} is not a cache of {count} images")
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         fits_a_quarter = self.in_memory == "auto" and 4 * images.nbytes <= memory
         if self.in_memory is True or fits_a_quarter:
             return torch.from_numpy(np.load(path))
         return DiskImages(path, images.shape, images.offset)
+
+    def _is_cache_of(self, images: np.ndarray, count: int, split: str) -> bool:
+        """Whether a cache file's array is what decoding `count` images of `split` gives: uint8
+        (N, C, H, W) in C order, of the channels and size asked for (and of the training images'
+        shape for the other splits)."""
+        laid_out = images.dtype == np.uint8 and images.ndim == 4 and images.flags.c_contiguous
+        if not laid_out or len(images) != count or images.shape[1] not in (1, 3):
+            return False
+        if split != "train":
+            return images.shape[1:] == tuple(self.image_shape)
+        channels_asked = self.channels in (None, images.shape[1])
+        size_asked = not self.image_size or images.shape[2:] == (self.image_size,) * 2
+        return channels_asked and size_asked
 
     def _decode(self, split: str, files: list[Path], file) -> None:
         """Decode `files` into `file` as a .npy array (N, C, H, W), a batch at a time."""

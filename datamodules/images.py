@@ -1,20 +1,58 @@
 """Image files as uint8 tensors: one decoder for training on a folder, predicting files and
 `model.classify`.
 
-Whatever PIL opens: 16- and 32-bit integer images are scaled by their bit depth (65535 -> 255, as
-torchvision's `ToDtype(torch.uint8, scale=True)` does), float images read as 0..1 (clipped), and
-transparent pixels are shown over white, as a viewer shows them (PIL's own `convert` clips 16-bit
-values and drops transparency).
+Every format Pillow reads (by its registered extensions), as a viewer shows it: turned upright as
+its EXIF orientation says (a phone stores a photo as its sensor saw it), 16- and 32-bit integer
+images scaled by their bit depth (65535 -> 255, as torchvision's `ToDtype(torch.uint8,
+scale=True)` does), float images read as 0..1 (clipped), CIELab ones through RGB, and transparent
+pixels over white (PIL's own `convert` clips 16-bit values and drops transparency).
 """
 
+import functools
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
+
+# The formats Pillow registers extensions for but gives no pixels of: it only writes PDF and Palm
+# files, reads only the header of an MPEG video or of the stub formats (which need a handler of
+# the user's), and renders EPS through Ghostscript, which few machines have.
+NO_PIXELS = {"PDF", "PALM", "MPEG", "BUFR", "GRIB", "HDF5", "WMF", "EPS"}
+# Listed by name when files are skipped; the rest are counted.
+NAMED = 5
+# Part of an image cache's name: raised whenever decoding gives other pixels (3: EXIF orientation
+# applied), so that a cache of the old ones is decoded again, not read.
+DECODER_VERSION = 3
+
+
+@functools.cache
+def image_extensions() -> tuple[str, ...]:
+    """The extensions of image files: those Pillow registers for a format it reads, and
+    torchvision's ImageFolder's."""
+    registered = Image.registered_extensions()  # imports Pillow's plug-ins, once
+    readable = {ext for ext, fmt in registered.items() if fmt not in NO_PIXELS}
+    return tuple(sorted(readable | set(IMG_EXTENSIONS)))
+
+
+def is_image(name: str) -> bool:
+    """Whether a file name has the extension of an image Pillow reads."""
+    return name.lower().endswith(image_extensions())
+
+
+def some(paths: list[Path], root: Path | None = None) -> str:
+    """The first few of `paths` (relative to `root`), and how many more: for one line."""
+    shown = paths[:NAMED]
+    if root is not None:
+        shown = [path.relative_to(root) for path in shown]
+    line = ", ".join(map(str, shown))
+    if len(paths) > NAMED:
+        line += f" and {len(paths) - NAMED} more"
+    return line
 
 
 def to_8bit(image: Image.Image) -> Image.Image:
@@ -33,10 +71,20 @@ def to_8bit(image: Image.Image) -> Image.Image:
     return Image.fromarray(values.astype(np.uint8), "L")
 
 
+def upright(image: Image.Image) -> Image.Image:
+    """`image` turned as its EXIF orientation says; itself, not a copy, when it says nothing."""
+    if image.getexif().get(ExifTags.Base.Orientation, 1) == 1:
+        return image
+    return ImageOps.exif_transpose(image)
+
+
 def decode(image: Image.Image, channels: int) -> Image.Image:
-    """`image` as 8-bit grey (channels 1) or RGB (channels 3)."""
+    """`image` as a viewer shows it, in 8-bit grey (channels 1) or RGB (channels 3)."""
+    image = upright(image)
     if image.mode in ("I", "F") or image.mode.startswith("I;16"):
         image = to_8bit(image)
+    elif image.mode == "LAB":  # Pillow converts CIELab to RGB, not to grey
+        image = image.convert("RGB")
     elif image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
         rgba = image.convert("RGBA")
         image = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
@@ -82,12 +130,17 @@ def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:
     return images
 
 
-def _is_image(name: str) -> bool:
-    return name.lower().endswith(IMG_EXTENSIONS)
+class Listing(NamedTuple):
+    """The image files under each of some folders, and the other files there (hidden ones
+    aside)."""
+
+    images: list[list[Path]]
+    skipped: list[Path]
 
 
-def list_images(folders: list[Path]) -> list[list[Path]]:
-    """The image files (by extension) under each of `folders`, sorted, each real file once.
+def list_images(folders: list[Path]) -> Listing:
+    """The image files (by extension, `is_image`) under each of `folders`, sorted, each real file
+    once, and the files that are not images; hidden files and folders are neither.
 
     What lies in a folder is its own; links are followed afterwards, to what was not read already: a
     link loop, or a link into another class or split, adds nothing (os.walk(followlinks=True) would
@@ -110,32 +163,36 @@ def list_images(folders: list[Path]) -> list[list[Path]]:
     # what lies in the folders, without following links
     listed = [_files_and_links(folder, first_visit) for folder in folders]
     # then the links, all the way, to what is new
-    return [sorted(files + _linked_images(links, first_visit)) for files, links in listed]
+    found = [sorted(files + _linked_files(links, first_visit)) for files, links in listed]
+    images = [[path for path in files if is_image(path.name)] for files in found]
+    skipped = sorted(path for files in found for path in files if not is_image(path.name))
+    return Listing(images, skipped)
 
 
 def _files_and_links(folder: Path, first_visit) -> tuple[list[Path], list[Path]]:
-    """The image files under `folder` that `first_visit` lets through, without following links, and
-    the links there."""
+    """The files under `folder` that `first_visit` lets through, hidden ones aside, without
+    following links, and the links there."""
     found, links = [], []
     for directory, subdirs, files in os.walk(folder):
         first_visit(Path(directory))
         subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        for name in sorted(files) + [d for d in subdirs if Path(directory, d).is_symlink()]:
+        visible = [name for name in sorted(files) if not name.startswith(".")]
+        for name in visible + [d for d in subdirs if Path(directory, d).is_symlink()]:
             path = Path(directory, name)
             if path.is_symlink():
                 links.append(path)
-            elif _is_image(name) and first_visit(path):
+            elif first_visit(path):
                 found.append(path)
     return found, links
 
 
-def _linked_images(links: list[Path], first_visit) -> list[Path]:
-    """The image files `links` lead to, following links all the way, that `first_visit` lets
-    through."""
+def _linked_files(links: list[Path], first_visit) -> list[Path]:
+    """The files `links` lead to, following links all the way, hidden ones aside, that
+    `first_visit` lets through."""
     found = []
     for link in links:
         if not link.is_dir():
-            if _is_image(link.name) and first_visit(link):
+            if first_visit(link):
                 found.append(link)
             continue
         for directory, subdirs, files in os.walk(link, followlinks=True):
@@ -144,7 +201,7 @@ def _linked_images(links: list[Path], first_visit) -> list[Path]:
                 continue
             subdirs.sort()
             found += [Path(directory, f) for f in sorted(files)
-                      if _is_image(f) and first_visit(Path(directory, f))]
+                      if not f.startswith(".") and first_visit(Path(directory, f))]
     return found
 
 

@@ -1,6 +1,7 @@
 """`train.py predict`: each image's top classes to a CSV file, for the test split (with its true
 labels) or for image files, read with the decoder training used (README.md, Use)."""
 
+import contextlib
 import csv
 import glob
 import os
@@ -12,36 +13,40 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from datamodules.images import IMG_EXTENSIONS, ImageFiles, list_images
+from datamodules.images import ImageFiles, is_image, list_images, some
 from lit_cli.signals import raise_if_asked
-from lit_common.files import new_file, written_whole
+from lit_common.files import new_file, output_over, written_whole
 from lit_models import ModelError
 
 SHOWN = 8  # predictions printed, spread over the images (a split is often sorted by class)
 
 
 def find_images(inputs: list[str]) -> list[Path]:
-    """The image files --inputs names: files as given, folders searched recursively (by
-    extension), globs."""
-    found = []
+    """The image files --inputs names: files as given, folders searched recursively and globs (by
+    extension: the files that are not images Pillow reads are named in one line, and skipped)."""
+    found, skipped = [], []
     for spec in inputs:
         path = Path(spec).expanduser()
         if path.is_file():
-            matches = [path]
+            matches, others = [path], []
         elif path.is_dir():  # as an image folder's class folders are read: links followed, once
-            matches = list_images([path])[0]
+            (matches,), others = list_images([path])
         else:
-            pattern = glob.glob(os.path.expanduser(spec), recursive=True)
-            matches = sorted(Path(p) for p in pattern if is_image(Path(p)))
+            files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True)
+                           if Path(p).is_file())
+            matches = [f for f in files if is_image(f.name)]
+            others = [f for f in files if not is_image(f.name)]
         if not matches:
-            raise ModelError(f"--inputs {spec}: no such file, or no image files "
-                             f"({' '.join(IMG_EXTENSIONS)}) there")
+            there = "no such file, or no image files that Pillow reads there"
+            if others:
+                there = f"no image files that Pillow reads there, only {some(others)}"
+            raise ModelError(f"--inputs {spec}: {there}")
         found += matches
+        skipped += others
+    if skipped:
+        print(f"train.py: skipped {len(skipped)} files that are not images Pillow reads (by "
+              f"their extension): {some(skipped)}", file=sys.stderr)
     return found
-
-
-def is_image(path: Path) -> bool:
-    return path.name.lower().endswith(IMG_EXTENSIONS) and path.is_file()
 
 
 class CSVPredictions(BasePredictionWriter):
@@ -104,8 +109,8 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
         paths = find_images(inputs)
         channels, height, width = model.hparams.image_shape
         loader, data = ImageFiles(paths, channels, (height, width)).loader(), None
-    target = output_file(output, ckpt_path)
-    with written_whole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file:
+    with (output_file(output, ckpt_path, paths or []) as target, written_whole(target) as tmp,
+          open(tmp, "w", newline="", encoding="utf-8") as file):
         writer = CSVPredictions(file, model.class_names, paths)
         trainer.callbacks.append(writer)
         start = time.perf_counter()
@@ -120,10 +125,16 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
     return report(writer, target, seconds, trainer.strategy.root_device)
 
 
-def output_file(output: str | None, ckpt_path) -> Path:
-    """`--output`, or a new predictions-DATE-TIME.csv beside the checkpoint's run."""
+def output_file(output: str | None, ckpt_path, inputs: list[Path]):
+    """A context of the CSV file: `--output` (replaced, as asked, unless it is the checkpoint or an
+    input), or a new predictions-DATE-TIME.csv beside the checkpoint's run, a name of its own
+    (`new_file`: runs started in one second each get one)."""
     if output:
-        return Path(output).expanduser()
+        try:
+            return contextlib.nullcontext(output_over(Path(output).expanduser(),
+                                                      [ckpt_path, *inputs]))
+        except ValueError as e:
+            raise ModelError(f"--output {output}: {e}; name another file") from None
     stem = f"predictions-{datetime.now():%Y%m%d-%H%M%S}"
     return new_file(Path(ckpt_path).parent.parent, stem, ".csv")
 

@@ -43,11 +43,37 @@ def written_whole(path, suffix: str = ""):
         tmp.unlink(missing_ok=True)
 
 
-def new_file(folder: Path, stem: str, suffix: str) -> Path:
-    """folder/stem.suffix, or stem-1.suffix, stem-2.suffix, ...: the first that does not exist."""
+@contextlib.contextmanager
+def new_file(folder: Path, stem: str, suffix: str):
+    """A new, empty file folder/stem.suffix, or stem-1.suffix, stem-2.suffix, ...: the first name
+    free, taken at once (O_CREAT | O_EXCL), so that a command started in the same second takes the
+    next one (a check, then a rename, gave two commands one name: the second replaced the first).
+    The file is for `written_whole` to replace; it is removed if the block fails before that."""
+    folder.mkdir(parents=True, exist_ok=True)
     path, k = folder / f"{stem}{suffix}", 1
-    while path.exists():
-        path, k = folder / f"{stem}-{k}{suffix}", k + 1
+    while True:
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            break
+        except FileExistsError:
+            path, k = folder / f"{stem}-{k}{suffix}", k + 1
+    try:
+        yield path
+    except BaseException:
+        # still the empty file taken here: the whole one that replaced it stays
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
+        raise
+
+
+def output_over(path: Path, kept: list) -> Path:
+    """An explicit output `path`, replaced as asked, unless it is one of the files `kept` (the
+    checkpoint, an input): a slip that would lose it. A ValueError names which."""
+    for other in filter(None, kept):
+        with contextlib.suppress(OSError):  # one that is not there is not lost
+            if os.path.samefile(path, other):
+                raise ValueError(f"{path} is {other}, which this command reads")
     return path
 
 

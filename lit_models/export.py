@@ -1,6 +1,7 @@
 """Exporting a trained model (`train.py export`, `export(model, data, ...)` from Python): a file a
 serving stack loads without this project, checked against the model on real test images."""
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lit_common.files import new_file, written_whole
+from lit_common.files import new_file, output_over, written_whole
 from lit_models.classifier import ImageClassifier, ModelError
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "pt2": ".pt2"}
@@ -43,16 +44,16 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
     beside the checkpoint's run), load the file as a server would, and check it against the model
     on up to 256 test images of `data` (in batches of 1 and of the rest: any N must work) before it
     takes its name."""
-    target = export_target(fmt, output, checkpoint)
+    claim = export_target(fmt, output, checkpoint)  # a refused output: before any work
     if not isinstance(model, ImageClassifier):
-        return export_own(model, fmt, target)
+        return export_own(model, fmt, claim)
     images = checking_images(data)
     model = model.cpu().eval()
     expected = model.classify(images).numpy()
     servable = Servable(model).eval()
     meta = metadata(model)
     # torch.export.load insists on the .pt2 extension.
-    with written_whole(target, FORMATS[fmt]) as tmp:
+    with claim as target, written_whole(target, FORMATS[fmt]) as tmp:
         run, runtime = WRITERS[fmt](servable, images, str(tmp), meta)
         difference, agree = check(run, images.numpy(), expected, fmt)
     if fmt != "onnx":
@@ -75,7 +76,7 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
             "max_difference": difference, "agree": agree}
 
 
-def export_own(model: L.LightningModule, fmt: str, target: Path) -> dict:
+def export_own(model: L.LightningModule, fmt: str, claim) -> dict:
     """A LightningModule of the user's, as it is, traced on its `example_input_array` by
     Lightning's and torch's exporters (an ImageClassifier's export is also checked on test
     images)."""
@@ -84,7 +85,7 @@ def export_own(model: L.LightningModule, fmt: str, target: Path) -> dict:
         raise ModelError(f"{type(model).__name__} has no example_input_array (a tensor): export "
                          f"traces the model on it; set it in the model's __init__")
     model = model.cpu().eval()
-    with written_whole(target, FORMATS[fmt]) as tmp:
+    with claim as target, written_whole(target, FORMATS[fmt]) as tmp:
         if fmt == "onnx":
             model.to_onnx(str(tmp), example, external_data=False)
         elif fmt == "torchscript":
@@ -100,12 +101,16 @@ def export_own(model: L.LightningModule, fmt: str, target: Path) -> dict:
     return {"stage": "export", "format": fmt, "output": str(target)}
 
 
-def export_target(fmt: str, output: str | None, checkpoint: Path | None) -> Path:
-    """`output`, or a new file named after the checkpoint beside its run."""
+def export_target(fmt: str, output: str | None, checkpoint: Path | None):
+    """A context of the file to write: `output` (replaced, as asked, unless it is the checkpoint),
+    or a new file named after the checkpoint beside its run, a name of its own (`new_file`)."""
     if output is None and checkpoint is None:
         raise ModelError("export needs an output file or the checkpoint to name it after")
     if output:
-        return Path(output).expanduser()
+        try:
+            return contextlib.nullcontext(output_over(Path(output).expanduser(), [checkpoint]))
+        except ValueError as e:
+            raise ModelError(f"export's output {output}: {e}; name another file") from None
     return new_file(checkpoint.parent.parent, checkpoint.stem, FORMATS[fmt])
 
 

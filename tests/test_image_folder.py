@@ -181,7 +181,7 @@ def test_unwritable_cache_is_a_warning_not_an_error(png_dir, tmp_path):
         (lambda root: (root / "test" / "dog").mkdir(), r"test must have the same class folders"),
         (
             lambda root: [p.unlink() for p in (root / "train" / "ant").iterdir()],
-            r"class folder .*ant has no images",
+            r"class folder .*ant has no image files",
         ),
     ],
 )

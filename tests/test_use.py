@@ -1,11 +1,14 @@
 """Using a trained model: test, validate, predict and export from a checkpoint, from the command
 line."""
 
+import contextlib
 import csv
+import datetime
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,3 +226,89 @@ def test_a_model_option_given_to_a_use_command_is_what_runs(in_run):
     trained = yaml.safe_load(
         (in_run.run / "config.yaml").read_text())["model"]["init_args"]["flip_test"]
     assert trained is False  # the run itself tested without flips
+
+
+def own_run(in_run, tmp_path) -> Path:
+    """The run's best checkpoint copied into a run folder of this test's: the predictions beside
+    it are this test's alone."""
+    best = Path(json.loads((in_run.run / "results.json").read_text())["checkpoint"])
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    return Path(shutil.copy(best, tmp_path / "run" / "checkpoints" / best.name))
+
+
+def test_two_predicts_started_in_one_second_write_a_file_each(in_run, tmp_path, monkeypatch):
+    """The second command starts while the first is predicting, at the same second: it chose the
+    name the first had chosen, and the first then replaced its file."""
+    import lit_cli.predict
+
+    checkpoint = own_run(in_run, tmp_path)
+    write_digits(tmp_path / "digits", in_run.data)
+    first, second = sorted((tmp_path / "digits").glob("*.png"))[:2]
+
+    class OneSecond(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 12, 5, 9, 30, 0)
+
+    monkeypatch.setattr(lit_cli.predict, "datetime", OneSecond)
+    real, started = lit_cli.predict.written_whole, []
+
+    @contextlib.contextmanager
+    def second_starts_meanwhile(path, *args):
+        if not started:  # the first has its name; it writes the file when it has predicted
+            started.append("second")
+            started.append(run_train(["predict", "--ckpt_path", str(checkpoint),
+                                      "--inputs", str(second)]))
+        with real(path, *args) as tmp:
+            yield tmp
+
+    monkeypatch.setattr(lit_cli.predict, "written_whole", second_starts_meanwhile)
+    assert run_train(["predict", "--ckpt_path", str(checkpoint), "--inputs", str(first)]) == 0
+    assert started == ["second", 0]
+    written = sorted((tmp_path / "run").glob("predictions-*.csv"))
+    assert [p.name for p in written] == ["predictions-20261205-093000-1.csv",
+                                         "predictions-20261205-093000.csv"]
+    predicted = [[row["path"] for row in csv.DictReader(p.open())] for p in written]
+    assert predicted == [[str(second)], [str(first)]]
+
+
+def test_a_failed_predict_leaves_no_file_and_an_output_it_reads_is_refused(in_run, tmp_path,
+                                                                          capsys):
+    checkpoint = own_run(in_run, tmp_path)
+    (tmp_path / "notes.png").write_text("not an image")
+    assert run_train(["predict", "--ckpt_path", str(checkpoint),
+                      "--inputs", str(tmp_path / "notes.png")]) == 1
+    assert "nothing written" in capsys.readouterr().err
+    assert not list((tmp_path / "run").glob("predictions*"))  # the name it took is free again
+    kept = checkpoint.read_bytes()
+    write_digits(tmp_path / "digits", in_run.data)
+    image = sorted((tmp_path / "digits").glob("*.png"))[0]
+    photo = image.read_bytes()
+    for output in (checkpoint, image):
+        assert run_train(["predict", "--ckpt_path", str(checkpoint), "--inputs", str(image),
+                          "--output", str(output)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == (f"train.py: error: --output {output}: {output} is "
+                       f"{checkpoint if output == checkpoint else image}, which this command "
+                       f"reads; name another file")
+    assert checkpoint.read_bytes() == kept and image.read_bytes() == photo
+    assert run_train(["export", "--ckpt_path", str(checkpoint), "--format", "torchscript",
+                      "--output", str(checkpoint)]) == 1
+    assert "which this command reads" in capsys.readouterr().err
+    assert checkpoint.read_bytes() == kept
+
+
+def test_exports_without_an_output_take_a_name_each(tmp_path):
+    from lit_models.export import export_target
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "best.ckpt"
+    with export_target("onnx", None, checkpoint) as first:
+        with export_target("onnx", None, checkpoint) as second:
+            assert (first.name, second.name) == ("best.onnx", "best-1.onnx")
+            assert first.exists() and second.exists()  # taken, for the next to see
+        second.write_bytes(b"an export")
+    with pytest.raises(RuntimeError):
+        with export_target("onnx", None, checkpoint) as third:
+            raise RuntimeError("the check failed")
+    assert third.name == "best-2.onnx" and not third.exists()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best-1.onnx", "best.onnx"]
