@@ -11,40 +11,37 @@ the recipe configs/NAME.yaml). A fit writes lightning_logs/version_N/: TensorBoa
 checkpoints/, config.yaml (`--config` of it runs it again) and results.json.
 """
 
+# ruff: noqa: E402 (a stop while Python imports torch and Lightning: its handler comes first)
 import sys
+
+from lit_common.process import exit_with, stop_while_starting
+
+if __name__ == "__main__":
+    stop_while_starting()
+
 import time
 from pathlib import Path
 from typing import NoReturn
 
 import lightning as L
 import torch
-import yaml
 from jsonargparse import Namespace
-from jsonargparse.typing import register_type
-from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins import TorchCheckpointIO
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from datamodules import DATA, ImageDataModule
-from lit_cli import command_line, defaults, errors, model_options, noise, record, runs, signals
+from lit_cli import command_line, defaults, errors, model_options, record, runs, signals
 from lit_cli.errors import UsageError
-from lit_cli.trainer import Trainer, check_strategy
-from lit_common.files import WholeCheckpointIO
-from lit_common.process import exit_with
+from lit_cli.trainer import Trainer, check_command
+from lit_common import noise
 from lit_models import ImageClassifier
 
-# Written to config.yaml and read back: a torch.device (StochasticWeightAveraging's default) as its
-# name; Timer's `interval`, a str enum that YAML's safe dumper refuses, as the string it is.
-register_type(torch.device, serializer=str, deserializer=torch.device)
-yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represent_str(v.value))
 noise.silence()
 
 
 class TrainCLI(LightningCLI):
-    """LightningCLI for ImageClassifier (or a subclass) on any LightningDataModule, with its
-    subcommands and `export`, and the project's defaults: 30 epochs, the default callbacks
-    (lit_cli/defaults.py), bf16 mixed precision on GPUs that have it. A fit ends with a test.
+    """LightningCLI for any LightningModule (ImageClassifier's recipes by default) and
+    LightningDataModule, with its subcommands and `export`, and the project's defaults: 30 epochs,
+    the default callbacks (lit_cli/defaults.py), bf16 mixed precision on GPUs that have it. A fit
+    ends with a test, where the model has one, and a record (results.json) whatever it does.
 
     Args:
         args: the command line (default: sys.argv[1:]), short forms and all.
@@ -56,7 +53,7 @@ class TrainCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
                  run: bool = True):
         self.stops, self.fitted, self.best, self.results = signals.Stops(), False, None, {}
-        self.runs_subcommand, self.claim = run, runs.Claim()
+        self.runs_subcommand, self.claim = run, None
         try:
             self.stops.start()
             args = command_line.expand(list(sys.argv[1:] if args is None else args))
@@ -72,7 +69,8 @@ class TrainCLI(LightningCLI):
                 seed_everything_default=0, save_config_kwargs={"save_to_log_dir": False},
                 parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
         except BaseException as e:
-            self.claim.give_back()  # of a command that wrote no checkpoint
+            if self.claim is not None:  # of a command that wrote no checkpoint
+                self.claim.give_back()
             stop = signals.as_stop(self, self.stops, e)
             if stop is None:
                 raise
@@ -96,8 +94,7 @@ class TrainCLI(LightningCLI):
         self.config = parser.parse_args(args)
         # The subcommand's options (all of them without subcommands).
         self.given = self.config.get(self.config.get("subcommand") or "fit") or self.config
-        if self.given.seed_everything is True:
-            self.given.seed_everything = command_line.random_seed()
+        self.given.seed_everything = command_line.seed(self.given.seed_everything)
         model_options.lightnings_flags_as_the_models(self.given)
         model = self.given.model.get("init_args") or Namespace()
         model_options.from_own_defaults(model, command_line.classes_given(args))
@@ -127,23 +124,8 @@ class TrainCLI(LightningCLI):
         # StochasticWeightAveraging copy the model before its configure_model runs.
         if ours and self.datamodule is not None:
             self.model.take_from_data(self.datamodule, statistics=False)
-        if ours:
-            noise.silence([noise.SHORT_EPOCH])
-        if self.datamodule is None and not is_overridden("train_dataloader", self.model):
-            raise UsageError(f"{type(self.model).__name__} has no data: give --data NAME "
-                             f"({', '.join(DATA)}) or the class path of a LightningDataModule")
-        check_strategy(self.given.trainer.strategy)
-        if self.subcommand not in (None, "fit") and self.trainer.world_size > 1:
-            raise UsageError(f"{self.subcommand} runs in one process: leave out "
-                             f"--trainer.devices/num_nodes/strategy")
-        shards_itself = isinstance(self.datamodule, ImageDataModule) and self.trainer.world_size > 1
-        if shards_itself and self.given.trainer.use_distributed_sampler is False:
-            raise UsageError("--trainer.use_distributed_sampler false: the data modules share "
-                             "their batches among the processes themselves, as Lightning's "
-                             "DistributedSampler would; leave it true")
-        defaults.default_logger(self.trainer, self.given.trainer.logger)
-        if type(self.trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # not a user's plugin
-            self.trainer.strategy.checkpoint_io = WholeCheckpointIO()
+        check_command(self)
+        defaults.on_the_trainer(self.trainer, self.given.trainer.logger)
         self.checkpoint = None
         if self.given.get("ckpt_path"):  # edited by hand: refused before anything starts
             self.checkpoint = runs.read_checkpoint(Path(self.given.ckpt_path))
@@ -152,12 +134,8 @@ class TrainCLI(LightningCLI):
 
     def before_fit(self) -> None:
         if self.checkpoint is not None:
-            epochs = self.trainer.max_epochs
-            nothing_left = runs.finished(self.given.ckpt_path, self.checkpoint, epochs)
-            if nothing_left:  # as Lightning's fit of it would; and no test to rewrite its record
-                print(nothing_left, file=sys.stderr)
-                raise SystemExit(0)
-        self.claim.take(self.trainer.logger)
+            runs.stop_if_finished(self.given.ckpt_path, self.checkpoint, self.trainer.max_epochs)
+        self.claim = runs.claim(self.trainer.logger)
         self.fit_started = time.perf_counter()
         self.stops.hold()
 
@@ -172,30 +150,15 @@ class TrainCLI(LightningCLI):
         monitored = sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)
         self.best = next((c.best_model_path for c in monitored), "") or None
         try:
-            tested = self.test_after_fit()
+            tested = record.test_after_fit(self)
         except BaseException as e:
-            failed = {"test": record.failure(e)}
-            self.results = record.record(self, "fit", failed, self.best, fit)
+            tested = {"test": record.failure(e)}
             raise
-        self.results = record.record(self, "fit", tested, self.best, fit)
-
-    def test_after_fit(self) -> dict:
-        trainer, model = self.trainer, self.model
-        untested = record.untestable(model, self.datamodule)
-        if untested:
-            return {"test": f"skipped: {untested}"}
-        # The test belongs to the fit's run: its hyperparameters logged again would reset
-        # TensorBoard's hp_metric to Lightning's placeholder (-1).
-        trainer.enable_autolog_hparams = False
-        quiet = self.given.trainer.enable_progress_bar is False  # no table of metrics either
-        self.stops.hold()
-        trainer.test(model, datamodule=self.datamodule, ckpt_path=self.best, weights_only=True,
-                     verbose=not quiet)
-        self.stops.release()
-        return record.metrics(trainer, model, "test", after_fit=True)
+        finally:
+            self.results = record.record(self, "fit", tested, self.best, fit)
 
     def before_test(self) -> None:
-        self.claim.take(self.trainer.logger)
+        self.claim = runs.claim(self.trainer.logger)
         self.stops.hold()
 
     def after_test(self) -> None:

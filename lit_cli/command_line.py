@@ -71,11 +71,10 @@ def expand(argv: list[str]) -> list[str]:
     """
     subcommand, args = split_subcommand(argv)
     given_recipes, args = written_out(args)
-    for config in configs(args):
-        check_text(config)
+    models = [sets_model(config) for config in configs(args)]
     spec = runs.option(args, "--ckpt_path")[0]
     model_given = runs.option(args, "--model")[0] is not None
-    configured = bool(given_recipes) or bool(configs(args)) or model_given
+    configured = bool(given_recipes) or bool(models) or model_given
     if spec is not None:
         base, args = runs.replay(subcommand, spec, args, configured)
     elif "-h" in args or "--help" in args:
@@ -84,8 +83,19 @@ def expand(argv: list[str]) -> list[str]:
         raise UsageError(f"{subcommand} needs --ckpt_path: a checkpoint file, a run folder, or "
                          f"best/last")
     else:
-        base = default_recipe(given_recipes, args)
+        base = default_recipe(given_recipes + models, args)
     return [subcommand, *base, *given_recipes, *args]
+
+
+def seed(given: int | bool) -> int | bool:
+    """The seed `--seed_everything` gives: a whole number from 0 to 2**32 - 1 as it is, true a
+    random one (random_seed), false none; a UsageError for any other number."""
+    if given is True:
+        return random_seed()
+    if given is not False and not 0 <= given < 2**32:
+        raise UsageError(f"--seed_everything {given}: a seed is a whole number from 0 to "
+                         f"{2**32 - 1}, or true for a random one")
+    return given
 
 
 def random_seed() -> int:
@@ -154,12 +164,12 @@ def class_path(key: str, value: str) -> str:
                      f"(or a class path)")
 
 
-def default_recipe(given_recipes: list[str], args: list[str]) -> list[str]:
-    """The default recipe, beneath a command line that names no model of its own: nothing, a
-    `--config` of a few trainer options, or a subclass of ImageClassifier (`--model
-    my_losses.Focal`: the recipe's settings apply to it too). A LightningModule of the user's
-    runs with its own defaults, on the `--data` given."""
-    if given_recipes or any(sets_model(config) for config in configs(args)):
+def default_recipe(named: list, args: list[str]) -> list[str]:
+    """The default recipe, beneath a command line that names no model of its own (`named`: the
+    recipes it gives, and whether each `--config` names a model): nothing, a `--config` of a few
+    trainer options, or a subclass of ImageClassifier (`--model my_losses.Focal`: the recipe's
+    settings apply to it too). A LightningModule of the user's runs with its own defaults."""
+    if any(named):
         return []
     model = runs.option(args, "--model")[0]
     if model is not None and not extends_ours(model):
@@ -181,26 +191,20 @@ def configs(args: list[str]) -> list[str]:
     return found + [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-c="))]
 
 
-def check_text(config: str) -> None:
-    """A UsageError for a `--config` that is not a text file (jsonargparse's reader would end in a
-    UnicodeDecodeError's traceback); a missing one jsonargparse names itself."""
+def sets_model(config: str) -> bool:
+    """Whether a `--config` file names a model (True where it cannot be read: jsonargparse then
+    says why); a UsageError for one that is not text (jsonargparse's reader would end in a
+    UnicodeDecodeError's traceback)."""
     try:
-        Path(config).read_text(encoding="utf-8")
+        text = Path(config).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"--config {config}: not a YAML or JSON text file ({e.reason} at byte "
                          f"{e.start})") from None
     except OSError:
-        return
-
-
-def sets_model(config: str) -> bool:
-    """Whether a --config file names a model; True where it cannot be read, and jsonargparse then
-    says why in its own words."""
-    with suppress(OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, AttributeError):
-        return "model" in (yaml.safe_load(Path(config).read_text()) or {})
+        return True
+    with suppress(yaml.YAMLError, TypeError, AttributeError):
+        return "model" in (yaml.safe_load(text) or {})
     return True
-
-
 
 
 def classes_given(args: list[str]) -> dict[str, tuple[str, set[str]]]:

@@ -12,8 +12,10 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins import TorchCheckpointIO
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from lit_common.files import WholeCheckpointIO
 from lit_models import ImageClassifier, LastCheckpoint, TimedProgressBar
 from lit_models.networks import import_class
 
@@ -113,11 +115,14 @@ def class_defaults(class_path: str) -> dict:
     return {name: p.default for name, p in parameters if p.default is not inspect.Parameter.empty}
 
 
-def default_logger(trainer, given) -> None:
-    """Lightning's default logger (`given` None or true), made again as Lightning makes it but
-    without the -1 `hp_metric` it logs when a run starts: that point bends TensorBoard's smoothed
-    curve of the real one (val/acc_best, at each validation)."""
-    if given not in (None, True) or not isinstance(trainer.logger, TensorBoardLogger):
+def on_the_trainer(trainer, logger_given) -> None:
+    """The project's defaults on a Trainer: checkpoints written whole (WholeCheckpointIO, where no
+    plugin of the user's writes them), and Lightning's default logger (`logger_given` None or
+    true) made again as Lightning makes it but without the -1 `hp_metric` it logs when a run
+    starts: that point bends TensorBoard's smoothed curve of the real one (val/acc_best)."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = WholeCheckpointIO()
+    if logger_given not in (None, True) or not isinstance(trainer.logger, TensorBoardLogger):
         return
     trainer.logger = TensorBoardLogger(save_dir=trainer.default_root_dir, default_hp_metric=False,
                                        version=SLURMEnvironment.job_id())

@@ -18,16 +18,21 @@ SPLITS = {"test": "test", "validate": "val"}
 
 
 def record(cli, stage: str, metrics: dict, checkpoint: str | None, extra: dict) -> dict:
-    """The record of a fit and its test, or of a test or validation of a checkpoint: printed in
-    one line, and written as results.json in its log folder (NaN written as null)."""
+    """The record of a fit and its test, or of a test or validation of a checkpoint, naming the
+    model's class, its network (ImageClassifier's) and the data: printed in one line, and written
+    as results.json in its log folder (NaN written as null)."""
     trainer, model = cli.trainer, cli.model
     split = SPLITS.get(stage, "test")
     per_class = None
     if isinstance(model, ImageClassifier):  # by the classes' exact names, not their tags'
         named = class_metrics(model.class_names, split)
         per_class = {name: metrics[key] for key, name in named.items() if key in metrics}
+    network = None
+    if isinstance(model, ImageClassifier):
+        network = model.net_name
     entry = {
-        "stage": stage, **what_ran(model, cli.datamodule),
+        "stage": stage, "model": type(model).__name__, "network": network,
+        "data": getattr(cli.datamodule, "name", "") or type(cli.datamodule).__name__,
         f"{split}/acc": metrics.get(f"{split}/acc"), f"{split}/loss": metrics.get(f"{split}/loss"),
         "val/acc_best": metrics.get("val/acc_best"), "test": metrics.get("test"),
         "epochs": trainer.current_epoch, "global_step": trainer.global_step, **extra,
@@ -44,13 +49,21 @@ def record(cli, stage: str, metrics: dict, checkpoint: str | None, extra: dict) 
     return entry
 
 
-def what_ran(model, data) -> dict:
-    """The model's class, its network where it has one (ImageClassifier's), and the data set."""
-    network = None
-    if isinstance(model, ImageClassifier):
-        network = model.net_name
-    return {"model": type(model).__name__, "network": network,
-            "data": getattr(data, "name", "") or type(data).__name__}
+def test_after_fit(cli) -> dict:
+    """The test of a fit's best checkpoint (its last weights without one), where the model has a
+    test_step and the data a test split: what it logged, or why it was skipped."""
+    trainer, model = cli.trainer, cli.model
+    untested = untestable(model, cli.datamodule)
+    if untested:
+        return {"test": f"skipped: {untested}"}
+    # Its hyperparameters logged again would reset TensorBoard's hp_metric to -1.
+    trainer.enable_autolog_hparams = False
+    quiet = cli.given.trainer.enable_progress_bar is False  # no table of metrics either
+    cli.stops.hold()
+    trainer.test(model, datamodule=cli.datamodule, ckpt_path=cli.best, weights_only=True,
+                 verbose=not quiet)
+    cli.stops.release()
+    return metrics(trainer, model, "test", after_fit=True)
 
 
 def metrics(trainer, model, stage: str, after_fit: bool = False) -> dict:

@@ -4,13 +4,14 @@ whether it can resume, and the run folder a new run or test claims for itself.""
 import fcntl
 import json
 import os
-import time
+import sys
 import zipfile
-from contextlib import suppress
 from pathlib import Path
 
 import torch
 import yaml
+from jsonargparse.typing import register_type
+from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -19,8 +20,13 @@ from packaging.version import InvalidVersion, Version
 
 from lit_cli.defaults import USE_CALLBACKS
 from lit_cli.errors import UsageError
-from lit_common.files import remove_leftovers
+from lit_common.files import Claimed, remove_leftovers
 from lit_models import ModelError
+
+# Written to config.yaml and read back: a torch.device (StochasticWeightAveraging's default) as its
+# name; Timer's `interval`, a str enum that YAML's safe dumper refuses, as the string it is.
+register_type(torch.device, serializer=str, deserializer=torch.device)
+yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represent_str(v.value))
 
 # How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
 # logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials lie deeper, and are not taken.
@@ -44,14 +50,12 @@ def option(args: list[str], key: str) -> tuple[str | None, list[str]]:
 def replay(subcommand: str, spec: str, args: list[str],
            configured: bool = False) -> tuple[list[str], list[str]]:
     """What `--ckpt_path SPEC` puts before the command line's own options, and those options
-    with the checkpoint's file as `--ckpt_path`.
-
-    First the run's config.yaml (a checkpoint moved out of its run: the data module it names),
-    unless a fit is `configured` by a `--config` or `--model` of the command line.
-    Resuming a fit: the run's own logger, so that it goes on in its folder. Testing, validating,
-    predicting or exporting: one process, the dashboards and progress bar of the defaults, a logger
-    inside the run (test, validate) or none, and the model as the checkpoint holds it.
-    """
+    with the checkpoint's file as `--ckpt_path`. First the run's config.yaml (a checkpoint moved
+    out of its run: the data module it names), unless a fit is `configured` by a `--config` or
+    `--model` of the command line. Resuming a fit: the run's own logger, so that it goes on in its
+    folder. Testing, validating, predicting or exporting: one process, the dashboards and progress
+    bar of the defaults, a logger inside the run (test, validate) or none, and the model as the
+    checkpoint holds it."""
     _, args = option(args, "--ckpt_path")
     root = option(args, "--trainer.default_root_dir")[0]
     prefer = {"fit": "last"}.get(subcommand, "best")
@@ -82,6 +86,7 @@ def run_configuration(path: Path, contents: dict, args: list[str]) -> list[str]:
     hyperparameters name."""
     config = path.parent.parent / "config.yaml"
     if config.is_file():
+        read_config(config)  # damaged or hand-edited: said here, in one line
         return ["--config", str(config)]
     data = data_spec(contents)
     if data is not None:
@@ -203,14 +208,15 @@ def check_resumable(path: Path, contents: dict) -> None:
                          f"only?); test, predict or export it, or start a new run")
 
 
-def finished(path: str, contents: dict, max_epochs: int | None) -> str | None:
-    """What to say when a resumed run has nothing left to train (its checkpoint has all of
-    `max_epochs`); None when it has."""
+def stop_if_finished(path: str, contents: dict, max_epochs: int | None) -> None:
+    """SystemExit(0) and one line where a resumed run has nothing left to train (its checkpoint
+    has all of `max_epochs`), as Lightning's fit of it would; no test rewrites its record."""
     done = contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"]
     if max_epochs in (None, -1) or done < max_epochs:
-        return None
-    return (f"{path} finished its {done} epochs: nothing to train (a larger --trainer.max_epochs "
-            f"trains on; train.py test --ckpt_path {path} tests it again)")
+        return
+    print(f"{path} finished its {done} epochs: nothing to train (a larger --trainer.max_epochs "
+          f"trains on; train.py test --ckpt_path {path} tests it again)", file=sys.stderr)
+    raise SystemExit(0)
 
 
 def model_spec(contents: dict) -> dict | None:
@@ -240,7 +246,7 @@ def data_spec(contents: dict) -> dict | None:
 def logger_in(config: Path, **where) -> str | None:
     """The run's logger (in its config.yaml) as a --trainer.logger value that writes `where`
     (save_dir, name, version); None for loggers that keep their runs elsewhere (MLflow's store)."""
-    spec = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("logger")
+    spec = (read_config(config).get("trainer") or {}).get("logger")
     if not isinstance(spec, dict):  # the default one
         spec = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
     if not spec["class_path"].endswith(("TensorBoardLogger", "CSVLogger")):
@@ -248,6 +254,23 @@ def logger_in(config: Path, **where) -> str | None:
     given = {key: value if value is None else str(value) for key, value in where.items()}
     init = {**(spec.get("init_args") or {}), **given}  # version None: the next free one
     return json.dumps({"class_path": spec["class_path"], "init_args": init})
+
+
+def read_config(config: Path) -> dict:
+    """A run's config.yaml, read; a ModelError naming it where it is not a YAML mapping."""
+    try:
+        read = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = ""
+        if where is not None:
+            at = f" at line {where.line + 1}"
+        raise ModelError(f"{config} is not valid YAML{at}: it holds the run's configuration, "
+                         f"which --ckpt_path reads; mend it, or move it away and give --data "
+                         f"NAME") from None
+    if not isinstance(read, dict):
+        raise ModelError(f"{config} is not a run's configuration (a YAML mapping)")
+    return read
 
 
 def log_dir(trainer) -> str | None:
@@ -264,52 +287,23 @@ def log_dir(trainer) -> str | None:
     return str(Path(save_dir, str(logger.name), str(logger.version)).absolute())
 
 
-class Claim:
-    """The run's folder of a command: claimed for it alone, and taken back if the command fails or
-    stops before it writes a checkpoint, so that a failed command leaves no run folder (and no file
-    in a run it resumed).
-
-    Lightning's loggers pick the next free version_N without a lock
-    (pytorch-lightning#11418): the launch's first process picks and makes it under a lock of the
-    loggers' folder (Lightning gives the other processes its log_dir)."""
-
-    def __init__(self):
-        self.folder: Path | None = None
-        self.found: set[Path] = set()  # what the folder held before this command
-        self.made: list[Path] = []  # the folders this command made, the deepest first
-        self.since = 0.0
-
-    def take(self, logger) -> None:
-        first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))
-        if not (first and isinstance(logger, (TensorBoardLogger, CSVLogger))):
-            return
-        self.folder = Path(logger.log_dir).absolute()
-        self.made = [p for p in [self.folder, *self.folder.parents] if not p.exists()]
-        Path(logger.root_dir).mkdir(parents=True, exist_ok=True)
-        folder = os.open(logger.root_dir, os.O_RDONLY)
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX)
-            self.found, self.since = set(self.folder.rglob("*")), time.time()
-            self.folder.mkdir(parents=True, exist_ok=True)
-        finally:
-            os.close(folder)
-
-    def give_back(self) -> None:
-        """Remove what this command wrote in its run's folder, unless it wrote a checkpoint."""
-        if self.folder is None or not self.folder.is_dir():
-            return
-        if any(c.stat().st_mtime >= self.since for c in self.folder.rglob("*.ckpt")):
-            return
-        new = set(self.folder.rglob("*")) - self.found
-        for path in sorted(new, key=lambda p: len(p.parts), reverse=True):
-            if path.is_dir():
-                path.rmdir()
-            else:
-                path.unlink()
-        for folder in self.made:
-            with suppress(OSError):  # not empty: another process's run is there now
-                folder.rmdir()
-        self.folder = None
+def claim(logger) -> Claimed | None:
+    """The run's folder of a command, claimed for it alone (Claimed: taken back if the command
+    fails before it writes a checkpoint). Lightning's loggers pick the next free version_N without
+    a lock (pytorch-lightning#11418): the launch's first process picks and makes it under a lock
+    of the loggers' folder (Lightning gives the other processes its log_dir)."""
+    first = rank_zero_only.rank == 0 and not int(os.environ.get("NODE_RANK", 0))
+    if not (first and isinstance(logger, (TensorBoardLogger, CSVLogger))):
+        return None
+    root = Path(logger.root_dir).absolute()
+    made = [p for p in [root, *root.parents] if not p.exists()]
+    root.mkdir(parents=True, exist_ok=True)
+    folder = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        return Claimed(Path(logger.log_dir), made)
+    finally:
+        os.close(folder)
 
 
 class SaveConfig(SaveConfigCallback):

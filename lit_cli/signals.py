@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_cli.errors import Stopped
 from lit_cli.runs import log_dir
+from lit_common.process import starting, stopped_while_starting
 from lit_models import LastCheckpoint
 
 
@@ -36,10 +37,9 @@ class Stops:
         if threading.current_thread() is not threading.main_thread():
             return  # Python's handlers run in the main thread alone
         for signum, handler in self.handlers.items():
-            owned_by_caller = signal.getsignal(signum) not in (signal.SIG_DFL,
-                                                               signal.default_int_handler)
+            owned_by_caller = not starting(signal.getsignal(signum))
             if not owned_by_caller or signum == signal.SIGINT:
-                self.previous[signum] = signal.signal(signum, handler)
+                self.previous[signum] = python_default(signal.signal(signum, handler), signum)
 
     def stop(self) -> None:
         if self.outer is not None:  # a Trainer call that raised
@@ -108,6 +108,14 @@ class Stops:
         signal.raise_signal(signal.SIGTERM)
 
 
+def python_default(handler, signum: int):
+    """`handler`, or Python's own for `signum` in place of stop_while_starting's, whose line says
+    the command has not started."""
+    if handler is not stopped_while_starting:
+        return handler
+    return {signal.SIGINT: signal.default_int_handler}.get(signum, signal.SIG_DFL)
+
+
 class HeldStop(L.Callback):
     """Hands a SIGTERM that came while a Trainer call started (Stops.hold) to Lightning's handler
     as its stage starts: a fit then stops after its step, as on any SIGTERM."""
@@ -118,14 +126,7 @@ class HeldStop(L.Callback):
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self.stops.deliver()
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.stops.deliver()
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        self.stops.deliver()
-
-    def on_test_start(self, trainer, pl_module) -> None:
-        self.stops.deliver()
+    on_train_start = on_validation_start = on_test_start = on_sanity_check_start
 
 
 def as_stop(cli, stops: Stops, error: BaseException) -> Stopped | None:

@@ -11,12 +11,14 @@ from pathlib import Path
 import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lit_cli import predict as predict_files
+from datamodules import DATA, ImageDataModule
 from lit_cli.errors import UsageError
 from lit_cli.runs import read_checkpoint
 from lit_models import ImageClassifier
 from lit_models import export as exports
+from lit_models import predict as predict_files
 
 
 class Trainer(L.Trainer):
@@ -92,3 +94,22 @@ def check_strategy(strategy: str | Namespace) -> None:
                          f"give back only the weights and metrics, where train.py records and "
                          f"tests a run in the process that trained it; give ddp (for a script, "
                          f"Lightning's choice)")
+
+
+def check_command(cli) -> None:
+    """A UsageError for a command that cannot run as given: a model without data, a strategy whose
+    processes start from this one (check_strategy), a use command in several processes, and
+    `use_distributed_sampler false` where the data shards itself."""
+    trainer, given, several = cli.trainer, cli.given.trainer, cli.trainer.world_size > 1
+    if cli.datamodule is None and not is_overridden("train_dataloader", cli.model):
+        raise UsageError(f"{type(cli.model).__name__} has no data: give --data NAME "
+                         f"({', '.join(DATA)}) or the class path of a LightningDataModule")
+    check_strategy(given.strategy)
+    if cli.subcommand not in (None, "fit") and several:
+        raise UsageError(f"{cli.subcommand} runs in one process: leave out "
+                         f"--trainer.devices/num_nodes/strategy")
+    shards_itself = isinstance(cli.datamodule, ImageDataModule) and trainer.world_size > 1
+    if shards_itself and given.use_distributed_sampler is False:
+        raise UsageError("--trainer.use_distributed_sampler false: the data modules share "
+                         "their batches among the processes themselves, as Lightning's "
+                         "DistributedSampler would; leave it true")

@@ -7,6 +7,7 @@ import io
 import os
 import re
 import socket
+import time
 from pathlib import Path
 
 import torch
@@ -107,3 +108,36 @@ class WholeCheckpointIO(TorchCheckpointIO):
         torch.save(checkpoint, buffer)
         with written_whole(path) as tmp, open(tmp, "wb") as file:
             file.write(buffer.getbuffer())
+
+
+class Claimed:
+    """A folder a command writes in (a run's), as the command found it: what the command wrote
+    there is taken back (`give_back`) if it fails before it writes a checkpoint, so that a failed
+    command leaves no run folder, and no file in a run it went on with.
+
+    Args:
+        folder: the folder, made now if it is not there.
+        made: folders above it that the command made for it, taken back with it.
+    """
+
+    def __init__(self, folder: Path, made: list[Path]):
+        self.folder = folder.absolute()
+        self.made = [p for p in [self.folder] if not p.exists()] + made
+        self.found, self.since = set(self.folder.rglob("*")), time.time()
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def give_back(self) -> None:
+        """Remove what the command wrote in the folder, unless it wrote a checkpoint there."""
+        if not self.folder.is_dir():
+            return
+        if any(c.stat().st_mtime >= self.since for c in self.folder.rglob("*.ckpt")):
+            return
+        new = set(self.folder.rglob("*")) - self.found
+        for path in sorted(new, key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                path.rmdir()
+            else:
+                path.unlink()
+        for folder in self.made:
+            with contextlib.suppress(OSError):  # not empty: another process's run is there now
+                folder.rmdir()

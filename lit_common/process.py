@@ -1,8 +1,33 @@
-"""The end of a command's process."""
+"""The start and end of a command's process."""
 
 import gc
+import signal
 import sys
+from pathlib import Path
 from typing import NoReturn
+
+SIGNALS = {signal.SIGINT: ("Ctrl-C", 130), signal.SIGTERM: ("SIGTERM", 143)}
+
+
+def stop_while_starting() -> None:
+    """One line and exit 130 (Ctrl-C) or 143 (SIGTERM) for a stop in a command's first seconds,
+    while Python imports torch and Lightning, where it would print a KeyboardInterrupt's
+    traceback or end without a word. For the very start of a script's process (`__main__`); the
+    command's own handlers take over once it runs."""
+    for signum in SIGNALS:
+        signal.signal(signum, stopped_while_starting)
+
+
+def stopped_while_starting(signum, frame) -> NoReturn:
+    name, code = SIGNALS[signum]
+    print(f"{Path(sys.argv[0]).name}: stopped by {name} before the command started; nothing was "
+          f"written", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def starting(handler) -> bool:
+    """Whether `handler` is Python's own, or stop_while_starting's: not a caller's."""
+    return handler in (signal.SIG_DFL, signal.default_int_handler, stopped_while_starting)
 
 
 def leave_the_rest_to_the_system() -> None:

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from lit_common import noise
 from lit_common.seeds import mix_seed
 from lit_models import checks, parts, resume
 from lit_models.checks import ModelError
@@ -93,7 +94,8 @@ class ImageClassifier(L.LightningModule):
         self.save_hyperparameters()
         self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
         self.net = None
-        self.resumed: resume.Resumption | None = None  # a fit's from its checkpoint
+        self.resuming: dict | None = None  # the checkpoint a fit goes on from
+        self.resumed: resume.Resumption | None = None  # and how
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
@@ -189,7 +191,8 @@ class ImageClassifier(L.LightningModule):
                 self.hparams.class_names = list(data.classes)
             self.check_data(data)
         if stage == "fit":
-            self.resumed = None  # until a checkpoint says how this fit goes on
+            self.resuming = self.resumed = None  # until a checkpoint says how a fit goes on
+            noise.silence([noise.SHORT_EPOCH])  # training metrics are logged at epoch ends too
         if stage == "fit" and self.per_step_schedule:
             checks.check_planned_schedule(self.trainer.callbacks)
 
@@ -325,7 +328,9 @@ class ImageClassifier(L.LightningModule):
             return
         if self.trainer.training:
             checks.check_resumable(checkpoint, data)
-            self.resumed = resume.plan(checkpoint, self.hparams, self.run_steps())
+            # What Lightning restores next, once the optimizers are made (configure_optimizers
+            # says how the fit goes on; the data module's position is restored only then).
+            self.resuming = checkpoint
 
     def check_weights(self, weights: dict) -> None:
         """A ModelError naming the weights missing, unexpected or of another shape than ours."""
@@ -403,6 +408,9 @@ class ImageClassifier(L.LightningModule):
         self.planned_lr = self.hparams.lr
         trained = [p for p in self.parameters() if p.requires_grad]
         optimizer = parts.build_optimizer(self.optimizer_factory, trained, self.hparams.lr)
+        if self.resuming is not None:  # a fit from a checkpoint: how it goes on
+            self.resumed = resume.plan(self.resuming, self.hparams, self.run_steps())
+            self.resuming = None
         resumed = self.resumed
         if resumed is not None and resumed.optimizer_state is not None:
             resume.load_state(optimizer, resumed.optimizer_state)

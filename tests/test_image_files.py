@@ -9,7 +9,7 @@ from test_image_folder import ready, write_folder
 
 from datamodules import image_folder
 from datamodules.images import ImageFiles, decode, to_uint8_batch
-from lit_cli.predict import find_images
+from lit_models.predict import find_images
 
 RNG = np.random.default_rng(3)
 PIXELS = RNG.integers(0, 256, (16, 16, 3), dtype=np.uint8)

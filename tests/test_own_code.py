@@ -12,7 +12,7 @@ import yaml
 from conftest import ROOT, results, run_process, run_train, runs, scalars, write_cifar10
 from test_dashboards import hparams_tab, images
 
-from lit_cli.predict import show
+from lit_models.predict import show
 
 # A LightningModule as Lightning's docs write one: float images in, its own optimizer, logging
 # what it likes (no val/acc).

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,7 +108,9 @@ def test_sigterm_while_testing_is_reported_not_hidden(eval_batch_size, mnist_dir
                                     "--data.eval_batch_size", eval_batch_size])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert returned == 143 and "stopped by SIGTERM while testing" in last
-    assert not (runs(tmp_path)[0] / "results.json").exists()
+    record = results(runs(tmp_path)[0])  # the fit's record, whatever its test did
+    assert record["test"] == "stopped" and record["test/acc"] is None and record["epochs"] == 3
+    assert last.endswith("results.json was written whole")
 
 
 def test_a_sigterm_before_lightnings_handler_lets_the_trainer_finish_its_call_then_stops(
@@ -174,16 +177,21 @@ def test_a_diverging_loss_stops_in_one_line_and_no_checkpoint_holds_it(mnist_dir
     assert run_train([*BASE, "--data.data_dir", str(mnist_dir), "--model.lr", "1e12"]) == 1
     err = capsys.readouterr().err
     assert "the weights became NaN or infinite in epoch 0" in err and "--model.lr" in err
-    for checkpoint in (runs(tmp_path)[0] / "checkpoints").glob("*.ckpt"):
+    for checkpoint in tmp_path.rglob("*.ckpt"):
         state = torch.load(checkpoint, weights_only=True)["state_dict"]
         assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
 
 
-def test_a_one_cycle_run_is_not_resumed_with_another_length(trained, monkeypatch, capsys):
-    monkeypatch.chdir(trained.cwd)
-    assert run_train(["--config", str(trained.run / "config.yaml"), "--ckpt_path", "last",
-                      "--trainer.max_epochs", "5"]) == 1
-    assert "was planned for 24 optimizer steps and this run has 40" in capsys.readouterr().err
+def test_a_one_cycle_run_resumed_with_another_length_plans_a_new_cycle(trained, tmp_path,
+                                                                        monkeypatch, capsys):
+    """Refused once ("planned for 24 optimizer steps"): a finished run now trains on (issue 48,
+    tests/test_resume_changes.py). On a copy: the module's other tests use the run."""
+    run = tmp_path / "lightning_logs" / "version_0"
+    shutil.copytree(trained.run, run)
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--config", str(run / "config.yaml"), "--ckpt_path", "last",
+                      "--trainer.max_epochs", "5"]) == 0
+    assert "a new OneCycle schedule from step 24 to 40" in capsys.readouterr().err
 
 
 def test_a_full_disk_stops_in_one_line_and_the_checkpoints_before_stay_whole(mnist_dir, tmp_path,

@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import run_train, runs, write_mnist
 
-import lit_cli.predict
 import lit_models.export
+import lit_models.predict
 from datamodules import MNISTDataModule
 from lit_cli import command_line, record, signals
 from lit_cli import runs as lit_runs
@@ -65,7 +65,7 @@ def phases(command: str, signal_name: str) -> dict:
     if command in ("fit", "test", "validate"):
         cells["writing records"] = (at_call(record, "write", signal_name), [])
     if command == "predict":  # the CSV file is whole: the stop comes after it
-        cells["after writing"] = (at_call(lit_cli.predict, "show", signal_name), [])
+        cells["after writing"] = (at_call(lit_models.predict, "show", signal_name), [])
     if command == "export":
         cells |= {"reading data": (at_call(lit_models.export, "checking_images", signal_name), []),
                   "writing": (at_call(lit_models.export, "check", signal_name), [])}

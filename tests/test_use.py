@@ -239,7 +239,7 @@ def own_run(in_run, tmp_path) -> Path:
 def test_two_predicts_started_in_one_second_write_a_file_each(in_run, tmp_path, monkeypatch):
     """The second command starts while the first is predicting, at the same second: it chose the
     name the first had chosen, and the first then replaced its file."""
-    import lit_cli.predict
+    import lit_models.predict
 
     checkpoint = own_run(in_run, tmp_path)
     write_digits(tmp_path / "digits", in_run.data)
@@ -250,8 +250,8 @@ def test_two_predicts_started_in_one_second_write_a_file_each(in_run, tmp_path, 
         def now(cls, tz=None):
             return cls(2026, 12, 5, 9, 30, 0)
 
-    monkeypatch.setattr(lit_cli.predict, "datetime", OneSecond)
-    real, started = lit_cli.predict.written_whole, []
+    monkeypatch.setattr(lit_models.predict, "datetime", OneSecond)
+    real, started = lit_models.predict.written_whole, []
 
     @contextlib.contextmanager
     def second_starts_meanwhile(path, *args):
@@ -262,7 +262,7 @@ def test_two_predicts_started_in_one_second_write_a_file_each(in_run, tmp_path, 
         with real(path, *args) as tmp:
             yield tmp
 
-    monkeypatch.setattr(lit_cli.predict, "written_whole", second_starts_meanwhile)
+    monkeypatch.setattr(lit_models.predict, "written_whole", second_starts_meanwhile)
     assert run_train(["predict", "--ckpt_path", str(checkpoint), "--inputs", str(first)]) == 0
     assert started == ["second", 0]
     written = sorted((tmp_path / "run").glob("predictions-*.csv"))

@@ -11,7 +11,7 @@ WARNINGS = [
     # test, validate, predict and export load a checkpoint's weights alone; a resumed fit's
     # callbacks are its run's own (its config.yaml).
     r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
-    # The prediction writer (lit_cli/predict.py) names its rows itself; it needs no batch indices.
+    # The prediction writer (lit_models/predict.py) names its rows itself: no batch indices needed.
     r"Couldn't infer the batch indices fetched from your dataloader",
     # A resumed run goes on in its own folder, beside its own checkpoints; a new run is given a
     # new folder, and refused one that holds another run (runs.SaveConfig).

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.images import ImageFiles, is_image, list_images, some
-from lit_cli.signals import raise_if_asked
 from lit_common.files import new_file, output_over, written_whole
-from lit_models import ModelError
+from lit_models.checks import ModelError
 
 SHOWN = 8  # predictions printed, spread over the images (a split is often sorted by class)
 
@@ -88,7 +88,7 @@ class CSVPredictions(BasePredictionWriter):
             self.csv.writerow(row)
             self.rows.append(row)
         self.seen += len(probabilities)
-        raise_if_asked(trainer)  # Lightning's predict loop runs on through SIGTERM
+        stop_if_asked(trainer)  # Lightning's predict loop runs on through SIGTERM
 
     def name(self, trainer, n: int) -> str:
         if self.files:
@@ -119,7 +119,7 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
         seconds = time.perf_counter() - start
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
-        raise_if_asked(trainer)  # after the last batch's check: Lightning's loop ends quietly
+        stop_if_asked(trainer)  # after the last batch's check: Lightning's loop ends quietly
     trainer.wrote = target
     show(writer, model.class_names)
     return report(writer, target, seconds, trainer.strategy.root_device)
@@ -169,3 +169,9 @@ def show(writer: CSVPredictions, class_names: list[str]) -> None:
         ranks = range(3, len(row) - 1, 2)
         others = "".join(f"; {row[i]} {float(row[i + 1]):.3f}" for i in ranks)
         print(f"{row[0]}  {row[1]} ({float(row[2]):.3f}){others}")
+
+
+def stop_if_asked(trainer) -> None:
+    """Lightning's SIGTERMException for a SIGTERM its predict loop noted and runs on through."""
+    if trainer.received_sigterm:
+        raise SIGTERMException
