@@ -38,13 +38,13 @@ from lit_cli.errors import UsageError, explain
 from lit_common.process import exit_with
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
+    from . import sweep_space, train
     from . import sweep_workers as workers
-    from . import train
 except ImportError:  # python sweep.py in a checkout
+    import sweep_space
     import sweep_workers as workers
     import train
 
-RANGE_KEYS = {"low", "high", "log", "step"}
 USAGE = ("sweep.py [--space FILE | --grid KEY=V1,V2 ...] [--trials N] [--seeds N] [--parallel N] "
          "[--name NAME] [--storage URL] [--heartbeat S] [train.py options]")
 HELP = {
@@ -91,60 +91,10 @@ def first_seed(base: list[str]) -> int:
 def search_space(opts) -> dict:
     """{train.py option: a range dict, a list of choices, or (grid) a list of values}."""
     if opts.grid:
-        return grid_space(opts.grid)
+        return sweep_space.grid_space(opts.grid)
     if not opts.space:
         return {}
-    return read_space(opts.space)
-
-
-def grid_space(items: list[str]) -> dict:
-    """The values of each `--grid KEY=V1,V2,...`."""
-    space = {}
-    for item in items:
-        key, _, values = item.partition("=")
-        if not values:
-            raise UsageError(f"--grid {item}: write KEY=V1,V2,...")
-        space[key.lstrip("-")] = [value(v) for v in values.split(",")]
-    return space
-
-
-def read_space(path: str) -> dict:
-    """The ranges and lists of a `--space` file, checked."""
-    try:
-        space = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UsageError(f"--space {path}: cannot read it as YAML ({e})") from None
-    if not is_space(space):
-        message = "a mapping of train.py options to {low, high} or lists"
-        raise UsageError(f"--space {path}: {message}")
-    for key, spec in space.items():
-        if isinstance(spec, dict) and not is_range(spec):
-            message = "needs low and high (and optionally log, step)"
-            raise UsageError(f"--space {path}: {key} {message}")
-    return {key.lstrip("-"): spec for key, spec in space.items()}
-
-
-def is_space(space) -> bool:
-    """A mapping of options to ranges (dicts) or choices (lists)."""
-    if not isinstance(space, dict):
-        return False
-    return all(isinstance(spec, (dict, list)) for spec in space.values())
-
-
-def is_range(spec: dict) -> bool:
-    """low and high, and optionally log and step."""
-    return {"low", "high"} <= spec.keys() <= RANGE_KEYS
-
-
-def value(text: str):
-    """A grid value as a number where it is one (YAML reads 1e-3 as a string), else as YAML reads
-    it."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return yaml.safe_load(text)
+    return sweep_space.read_space(opts.space)
 
 
 def storage(url: str, heartbeat: int = 20) -> RDBStorage:
@@ -269,19 +219,12 @@ def run_sweep(argv: list[str], stop: workers.Stop) -> int:
 def check_commands(base: list[str], space: dict, seed: int) -> None:
     """A command line train.py refuses stops the sweep here, before any trial (jsonargparse exits
     2): each value of a grid, and a range's ends, with the first of the others."""
-    ends = {key: range_ends(spec) for key, spec in space.items()}
+    ends = {key: sweep_space.range_ends(key, spec) for key, spec in space.items()}
     first = {key: values[0] for key, values in ends.items()}
     others = [first | {key: v} for key, values in ends.items() for v in values[1:]]
     for params in [first, *others]:
         args = workers.trial_args(base, params, seed)
         train.TrainCLI(args + ["--trainer.logger=false"], run=False)
-
-
-def range_ends(spec) -> list:
-    """A list's values, or a range's low and high."""
-    if isinstance(spec, list):
-        return spec
-    return [spec["low"], spec["high"]]
 
 
 def study_name(base: list[str], space: dict, seeds: int) -> str:

@@ -19,6 +19,7 @@ import optuna
 import sqlalchemy
 import torch
 import yaml
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
@@ -26,8 +27,9 @@ from lit_cli.errors import Stopped
 from lit_common.process import leave_the_rest_to_the_system
 
 try:  # installed: this file is lit_image_classifiers/sweep_workers.py beside train.py
-    from . import train
+    from . import sweep_space, train
 except ImportError:  # python sweep.py in a checkout
+    import sweep_space
     import train
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -43,14 +45,13 @@ POLL_SECONDS = 0.25
 
 
 def suggest(trial: optuna.Trial, key: str, spec):
-    """The trial's value of one option: a choice of a list, an int of a range of ints (its low,
-    high and step), else a float."""
-    if isinstance(spec, list):
-        return trial.suggest_categorical(key, spec)
-    low, high, log = spec["low"], spec["high"], spec.get("log", False)
-    if all(isinstance(spec.get(k, 1), int) for k in ("low", "high", "step")):
-        return trial.suggest_int(key, low, high, step=spec.get("step", 1), log=log)
-    return trial.suggest_float(key, low, high, step=spec.get("step"), log=log)
+    """The trial's value of one option, of its range or list (sweep_space.distribution)."""
+    made = sweep_space.distribution(key, spec)
+    if isinstance(made, CategoricalDistribution):
+        return trial.suggest_categorical(key, made.choices)
+    if isinstance(made, IntDistribution):
+        return trial.suggest_int(key, made.low, made.high, step=made.step, log=made.log)
+    return trial.suggest_float(key, made.low, made.high, step=made.step, log=made.log)
 
 
 def trial_args(base: list[str], params: dict, seed: int) -> list[str]:
