@@ -38,9 +38,10 @@ from lit_cli.errors import UsageError, explain
 from lit_common.process import exit_with
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
-    from . import sweep_space, train
+    from . import sweep_failures, sweep_space, train
     from . import sweep_workers as workers
 except ImportError:  # python sweep.py in a checkout
+    import sweep_failures
     import sweep_space
     import sweep_workers as workers
     import train
@@ -276,15 +277,39 @@ def sampler_seeds(seed: int, parallel: int, trials_so_far: int, grid: bool) -> l
 
 
 def finish(study: optuna.Study, objective: workers.Objective, trials: int, codes: list[int]) -> int:
-    """The sweep's exit code, and its last line where it stopped short: by a signal, or by a
-    worker that was killed or failed."""
-    code = codes[0] if codes else unfinished(study, objective, trials)
-    if code:
-        how = {130: " by Ctrl-C", 143: " by SIGTERM"}.get(code, "")
-        done = sum(t.state in workers.DONE for t in study.trials)
-        print(f"sweep.py: stopped{how} with {done} trials complete or pruned; the same command "
-              f"goes on with the study", file=sys.stderr)
+    """The sweep's exit code, and its last line where it did not end well: stopped by a signal,
+    its trials failing the same way, a worker killed or failed, or no trial complete."""
+    if codes:
+        return stopped(study, codes[0])
+    failing = sweep_failures.failing_the_same_way(study, trials)
+    if failing:
+        print(f"sweep.py: error: the trials keep failing the same way, so the sweep stopped: "
+              f"{failing}", file=sys.stderr)
+        return 1
+    if unfinished(study, objective, trials):
+        return stopped(study, 1)
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        print(f"sweep.py: error: no trial completed{failures(study)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def stopped(study: optuna.Study, code: int) -> int:
+    """The line of a sweep stopped short, by a signal or by a worker that was killed or failed;
+    `code`."""
+    how = {130: " by Ctrl-C", 143: " by SIGTERM"}.get(code, "")
+    done = sum(t.state in workers.DONE for t in study.trials)
+    print(f"sweep.py: stopped{how} with {done} trials complete or pruned; the same command "
+          f"goes on with the study", file=sys.stderr)
     return code
+
+
+def failures(study: optuna.Study) -> str:
+    """How many trials failed, and the last one's error."""
+    failed = sweep_failures.failed(study)
+    if not failed:
+        return ""
+    return f" ({len(failed)} failed; the last with: {failed[-1].user_attrs['error']})"
 
 
 def unfinished(study: optuna.Study, objective: workers.Objective, trials: int) -> int:
