@@ -17,8 +17,11 @@ machine that runs the command.
 """
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import itertools
+import os
 import shlex
 import signal
 import sys
@@ -112,8 +115,10 @@ def storage(url: str, heartbeat: int = 20) -> RDBStorage:
             engine = {"connect_args": {"timeout": 60}}
         for _ in range(3):
             try:
-                return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat,
-                                  grace_period=3 * heartbeat, heartbeat_stale_trial_callback=retry)
+                with tables_made_alone(url):
+                    return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat,
+                                      grace_period=3 * heartbeat,
+                                      heartbeat_stale_trial_callback=retry)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
                 # Machines starting at once on a new database all create Optuna's tables, and
                 # all but one fail at a step that another took first (optuna#1092): what it
@@ -124,6 +129,30 @@ def storage(url: str, heartbeat: int = 20) -> RDBStorage:
                 break
     reason = str(error.__cause__ or error).strip().splitlines()[0]
     raise UsageError(f"--storage {url}: cannot open it ({reason})")
+
+
+@contextlib.contextmanager
+def tables_made_alone(url: str):
+    """Around the opening of an SQLite study, where it makes Optuna's tables: a lock (flock) of a
+    file beside it, held by one process of this machine at a time. SQLAlchemy makes each table
+    that it found missing a moment before, and sweeps that opened one new study at once each made
+    some and failed on one another's ("table study_directions already exists"). Another database
+    is shared by machines, which no file lock reaches: there, the retries (optuna#1092)."""
+    database = sqlalchemy.engine.make_url(url).database
+    if not url.startswith("sqlite") or database in (None, "", ":memory:"):
+        yield
+        return
+    path = Path(database)
+    try:
+        descriptor = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a folder missing or not writable: SQLite says so, in the storage's error
+        yield
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # and the lock with it
 
 
 def summary(study: optuna.Study, folder: Path) -> str:

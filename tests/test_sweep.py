@@ -395,3 +395,41 @@ def test_lightning_calls_the_sigterm_handler_it_finds(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert heard == [signal.SIGTERM] and trainer.global_step == 2
+
+
+# Each process, once imported, opens one new study in each of 10 folders, in each as soon as all
+# have come to it (started together, they reached the first seconds apart). It goes on past a
+# failure, which it prints on stdout, as the others wait for it in the next folder.
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+import sweep, sweep_workers
+root, name, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for round_ in range(10):
+    folder = root / str(round_)
+    (folder / "ready").mkdir(parents=True, exist_ok=True)
+    (folder / "ready" / name).touch()
+    while len(list((folder / "ready").iterdir())) < count:
+        time.sleep(0.001)
+    try:
+        sweep_workers.open_study("s", sweep.storage(sweep.study_url(folder)), {}, False, 0)
+    except Exception as e:
+        print(e)
+"""
+
+
+def test_processes_opening_one_new_sqlite_study_at_once_all_open_it(tmp_path):
+    """Some failed: 'table study_directions already exists' (or studies, trials, ...)."""
+    import sweep as sweep_py
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), str(i), "3"],
+                              env=env, stdout=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        errors = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0] * 3 and not "".join(errors), errors
+    for round_ in range(10):
+        assert optuna.get_all_study_names(sweep_py.study_url(tmp_path / str(round_))) == ["s"]

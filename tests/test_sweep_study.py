@@ -1,9 +1,12 @@
 """A sweep's study: trials that fail are told from trials that a signal stopped, a study whose
-trials keep failing the same way stops, and a sweep with no trial complete exits 1. In this
-process, with a train.py that fails at once where a trial would train: quick."""
+trials keep failing the same way stops, a sweep with no trial complete exits 1, and sweeps that
+open one new study at once all open it. In this process, with a train.py that fails at once
+where a trial would train: quick."""
 
 import logging
 import signal
+import threading
+import warnings
 
 import optuna
 import pytest
@@ -14,6 +17,7 @@ from optuna.trial import TrialState, create_trial
 import sweep
 import sweep_failures
 import sweep_workers
+from lit_cli.errors import UsageError
 from lit_models import ModelError
 
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "1"]
@@ -185,3 +189,32 @@ def test_a_sweep_with_no_trial_complete_exits_1_and_says_why(trials, line, mnist
     out, err = capsys.readouterr()
     assert "Sweep g: nothing left to run" in out and "FAIL" in out
     assert code == 1 and err.strip().splitlines()[-1] == line, err[-2000:]
+
+
+def test_sweeps_opening_one_new_sqlite_study_at_once_all_open_it(tmp_path):
+    """Eight at once, four times: SQLAlchemy makes each of Optuna's tables where it found none a
+    moment before, and most rounds ended in 'table study_directions already exists' (or
+    studies, trials, version_info, alembic_version) for some."""
+    errors = []
+    for round_ in range(4):
+        folder = tmp_path / str(round_)
+        folder.mkdir()
+        url = sweep.study_url(folder)
+        start = threading.Barrier(8)
+
+        def open_it():
+            start.wait()
+            try:
+                sweep_workers.open_study("s", sweep.storage(url), {}, False, 0)
+            except UsageError as e:
+                errors.append(str(e))
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert optuna.get_all_study_names(url) == ["s"]
+    assert errors == []
