@@ -1,16 +1,19 @@
 """A sweep's study: trials that fail are told from trials that a signal stopped, a study whose
 trials keep failing the same way stops, a sweep with no trial complete exits 1, and sweeps that
 open one new study at once all open it. In this process, with a train.py that fails at once
-where a trial would train: quick."""
+where a trial would train: quick (but for one test of processes, marked slow)."""
 
 import logging
+import os
 import signal
+import subprocess
+import sys
 import threading
 import warnings
 
 import optuna
 import pytest
-from conftest import run_sweep
+from conftest import ROOT, run_sweep
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -218,3 +221,40 @@ def test_sweeps_opening_one_new_sqlite_study_at_once_all_open_it(tmp_path):
                 t.join()
         assert optuna.get_all_study_names(url) == ["s"]
     assert errors == []
+
+
+# Each process, once imported, opens one new study in each of 10 folders, in each as soon as all
+# have come to it (started together, they reached the first seconds apart). It goes on past a
+# failure, which it prints on stdout, as the others wait for it in the next folder.
+OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+import sweep, sweep_workers
+root, name, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for round_ in range(10):
+    folder = root / str(round_)
+    (folder / "ready").mkdir(parents=True, exist_ok=True)
+    (folder / "ready" / name).touch()
+    while len(list((folder / "ready").iterdir())) < count:
+        time.sleep(0.001)
+    try:
+        sweep_workers.open_study("s", sweep.storage(sweep.study_url(folder)), {}, False, 0)
+    except Exception as e:
+        print(e)
+"""
+
+
+@pytest.mark.slow
+def test_processes_opening_one_new_sqlite_study_at_once_all_open_it(tmp_path):
+    """Some failed: 'table study_directions already exists' (or studies, trials, ...)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(tmp_path), str(i), "3"],
+                              env=env, stdout=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        errors = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0] * 3 and not "".join(errors), errors
+    for round_ in range(10):
+        assert optuna.get_all_study_names(sweep.study_url(tmp_path / str(round_))) == ["s"]
