@@ -17,8 +17,11 @@ machine that runs the command.
 """
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import itertools
+import os
 import shlex
 import signal
 import sys
@@ -38,13 +41,14 @@ from lit_cli.errors import UsageError, explain
 from lit_common.process import exit_with
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
+    from . import sweep_failures, sweep_space, train
     from . import sweep_workers as workers
-    from . import train
 except ImportError:  # python sweep.py in a checkout
+    import sweep_failures
+    import sweep_space
     import sweep_workers as workers
     import train
 
-RANGE_KEYS = {"low", "high", "log", "step"}
 USAGE = ("sweep.py [--space FILE | --grid KEY=V1,V2 ...] [--trials N] [--seeds N] [--parallel N] "
          "[--name NAME] [--storage URL] [--heartbeat S] [train.py options]")
 HELP = {
@@ -91,60 +95,10 @@ def first_seed(base: list[str]) -> int:
 def search_space(opts) -> dict:
     """{train.py option: a range dict, a list of choices, or (grid) a list of values}."""
     if opts.grid:
-        return grid_space(opts.grid)
+        return sweep_space.grid_space(opts.grid)
     if not opts.space:
         return {}
-    return read_space(opts.space)
-
-
-def grid_space(items: list[str]) -> dict:
-    """The values of each `--grid KEY=V1,V2,...`."""
-    space = {}
-    for item in items:
-        key, _, values = item.partition("=")
-        if not values:
-            raise UsageError(f"--grid {item}: write KEY=V1,V2,...")
-        space[key.lstrip("-")] = [value(v) for v in values.split(",")]
-    return space
-
-
-def read_space(path: str) -> dict:
-    """The ranges and lists of a `--space` file, checked."""
-    try:
-        space = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UsageError(f"--space {path}: cannot read it as YAML ({e})") from None
-    if not is_space(space):
-        message = "a mapping of train.py options to {low, high} or lists"
-        raise UsageError(f"--space {path}: {message}")
-    for key, spec in space.items():
-        if isinstance(spec, dict) and not is_range(spec):
-            message = "needs low and high (and optionally log, step)"
-            raise UsageError(f"--space {path}: {key} {message}")
-    return {key.lstrip("-"): spec for key, spec in space.items()}
-
-
-def is_space(space) -> bool:
-    """A mapping of options to ranges (dicts) or choices (lists)."""
-    if not isinstance(space, dict):
-        return False
-    return all(isinstance(spec, (dict, list)) for spec in space.values())
-
-
-def is_range(spec: dict) -> bool:
-    """low and high, and optionally log and step."""
-    return {"low", "high"} <= spec.keys() <= RANGE_KEYS
-
-
-def value(text: str):
-    """A grid value as a number where it is one (YAML reads 1e-3 as a string), else as YAML reads
-    it."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return yaml.safe_load(text)
+    return sweep_space.read_space(opts.space)
 
 
 def storage(url: str, heartbeat: int = 20) -> RDBStorage:
@@ -161,8 +115,10 @@ def storage(url: str, heartbeat: int = 20) -> RDBStorage:
             engine = {"connect_args": {"timeout": 60}}
         for _ in range(3):
             try:
-                return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat,
-                                  grace_period=3 * heartbeat, heartbeat_stale_trial_callback=retry)
+                with tables_made_alone(url):
+                    return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=heartbeat,
+                                      grace_period=3 * heartbeat,
+                                      heartbeat_stale_trial_callback=retry)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
                 # Machines starting at once on a new database all create Optuna's tables, and
                 # all but one fail at a step that another took first (optuna#1092): what it
@@ -173,6 +129,30 @@ def storage(url: str, heartbeat: int = 20) -> RDBStorage:
                 break
     reason = str(error.__cause__ or error).strip().splitlines()[0]
     raise UsageError(f"--storage {url}: cannot open it ({reason})")
+
+
+@contextlib.contextmanager
+def tables_made_alone(url: str):
+    """Around the opening of an SQLite study, where it makes Optuna's tables: a lock (flock) of a
+    file beside it, held by one process of this machine at a time. SQLAlchemy makes each table
+    that it found missing a moment before, and sweeps that opened one new study at once each made
+    some and failed on one another's ("table study_directions already exists"). Another database
+    is shared by machines, which no file lock reaches: there, the retries (optuna#1092)."""
+    database = sqlalchemy.engine.make_url(url).database
+    if not url.startswith("sqlite") or database in (None, "", ":memory:"):
+        yield
+        return
+    path = Path(database)
+    try:
+        descriptor = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a folder missing or not writable: SQLite says so, in the storage's error
+        yield
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # and the lock with it
 
 
 def summary(study: optuna.Study, folder: Path) -> str:
@@ -269,19 +249,12 @@ def run_sweep(argv: list[str], stop: workers.Stop) -> int:
 def check_commands(base: list[str], space: dict, seed: int) -> None:
     """A command line train.py refuses stops the sweep here, before any trial (jsonargparse exits
     2): each value of a grid, and a range's ends, with the first of the others."""
-    ends = {key: range_ends(spec) for key, spec in space.items()}
+    ends = {key: sweep_space.range_ends(key, spec) for key, spec in space.items()}
     first = {key: values[0] for key, values in ends.items()}
     others = [first | {key: v} for key, values in ends.items() for v in values[1:]]
     for params in [first, *others]:
         args = workers.trial_args(base, params, seed)
         train.TrainCLI(args + ["--trainer.logger=false"], run=False)
-
-
-def range_ends(spec) -> list:
-    """A list's values, or a range's low and high."""
-    if isinstance(spec, list):
-        return spec
-    return [spec["low"], spec["high"]]
 
 
 def study_name(base: list[str], space: dict, seeds: int) -> str:
@@ -333,15 +306,39 @@ def sampler_seeds(seed: int, parallel: int, trials_so_far: int, grid: bool) -> l
 
 
 def finish(study: optuna.Study, objective: workers.Objective, trials: int, codes: list[int]) -> int:
-    """The sweep's exit code, and its last line where it stopped short: by a signal, or by a
-    worker that was killed or failed."""
-    code = codes[0] if codes else unfinished(study, objective, trials)
-    if code:
-        how = {130: " by Ctrl-C", 143: " by SIGTERM"}.get(code, "")
-        done = sum(t.state in workers.DONE for t in study.trials)
-        print(f"sweep.py: stopped{how} with {done} trials complete or pruned; the same command "
-              f"goes on with the study", file=sys.stderr)
+    """The sweep's exit code, and its last line where it did not end well: stopped by a signal,
+    its trials failing the same way, a worker killed or failed, or no trial complete."""
+    if codes:
+        return stopped(study, codes[0])
+    failing = sweep_failures.failing_the_same_way(study, trials)
+    if failing:
+        print(f"sweep.py: error: the trials keep failing the same way, so the sweep stopped: "
+              f"{failing}", file=sys.stderr)
+        return 1
+    if unfinished(study, objective, trials):
+        return stopped(study, 1)
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        print(f"sweep.py: error: no trial completed{failures(study)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def stopped(study: optuna.Study, code: int) -> int:
+    """The line of a sweep stopped short, by a signal or by a worker that was killed or failed;
+    `code`."""
+    how = {130: " by Ctrl-C", 143: " by SIGTERM"}.get(code, "")
+    done = sum(t.state in workers.DONE for t in study.trials)
+    print(f"sweep.py: stopped{how} with {done} trials complete or pruned; the same command "
+          f"goes on with the study", file=sys.stderr)
     return code
+
+
+def failures(study: optuna.Study) -> str:
+    """How many trials failed, and the last one's error."""
+    failed = sweep_failures.failed(study)
+    if not failed:
+        return ""
+    return f" ({len(failed)} failed; the last with: {failed[-1].user_attrs['error']})"
 
 
 def unfinished(study: optuna.Study, objective: workers.Objective, trials: int) -> int:

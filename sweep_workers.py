@@ -14,23 +14,27 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import optuna
 import sqlalchemy
 import torch
 import yaml
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from lit_cli.errors import Stopped
+from lit_cli.errors import Stopped, UsageError
 from lit_common.process import leave_the_rest_to_the_system
 
 try:  # installed: this file is lit_image_classifiers/sweep_workers.py beside train.py
-    from . import train
+    from . import sweep_failures, sweep_space, train
 except ImportError:  # python sweep.py in a checkout
+    import sweep_failures
+    import sweep_space
     import train
 
-DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+DONE = sweep_failures.DONE
 STOPS = {signal.SIGINT, signal.SIGTERM}
 # What a worker imports that costs seconds, imported once in the forkserver that forks the workers
 # (run_workers): names found wherever the interpreter is, as this checkout's own modules may not be
@@ -43,14 +47,18 @@ POLL_SECONDS = 0.25
 
 
 def suggest(trial: optuna.Trial, key: str, spec):
-    """The trial's value of one option: a choice of a list, an int of a range of ints (its low,
-    high and step), else a float."""
-    if isinstance(spec, list):
-        return trial.suggest_categorical(key, spec)
-    low, high, log = spec["low"], spec["high"], spec.get("log", False)
-    if all(isinstance(spec.get(k, 1), int) for k in ("low", "high", "step")):
-        return trial.suggest_int(key, low, high, step=spec.get("step", 1), log=log)
-    return trial.suggest_float(key, low, high, step=spec.get("step"), log=log)
+    """The trial's value of one option, of its range or list (sweep_space.distribution)."""
+    made = sweep_space.distribution(key, spec)
+    if isinstance(made, CategoricalDistribution):
+        return trial.suggest_categorical(key, made.choices)
+    if isinstance(made, IntDistribution):
+        return trial.suggest_int(key, made.low, made.high, step=made.step, log=made.log)
+    return trial.suggest_float(key, made.low, made.high, step=made.step, log=made.log)
+
+
+def setting_of(params: dict) -> str:
+    """A trial's setting, as its lines say it."""
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "as given"
 
 
 def trial_args(base: list[str], params: dict, seed: int) -> list[str]:
@@ -160,20 +168,30 @@ class Objective:
             raise KeyboardInterrupt
 
     def __call__(self, trial: optuna.Trial) -> float:
-        """The trial's value; where the sweep stops, the trial runs again when it goes on."""
+        """The trial's value; where the sweep stops, the trial runs again when it goes on; where it
+        fails, its error is noted (sweep_failures)."""
         try:
             params = {key: suggest(trial, key, spec) for key, spec in self.space.items()}
             self.end_turn()  # the next process to choose sees this setting taken
             if self.stop_asked:  # while Optuna made this trial
                 raise KeyboardInterrupt
             return self.run(trial, params)
+        except optuna.TrialPruned:
+            raise
         except (Stopped, KeyboardInterrupt):
-            frozen = trial.study.get_trials(deepcopy=False)[trial.number]
-            RetryHeartbeatStaleTrialCallback()(trial.study, frozen)
-            # The sweep's last line says it, not a traceback.
-            optuna.logging.set_verbosity(optuna.logging.ERROR)
-            # Optuna ends optimize() on it, whatever it is told to catch.
-            raise KeyboardInterrupt from None
+            self.queue_again(trial)
+        except Exception as e:
+            if self.stop_asked:  # broken by the stop
+                self.queue_again(trial)
+            sweep_failures.note_failure(trial, e, setting_of(trial.params))
+            raise
+
+    def queue_again(self, trial: optuna.Trial) -> NoReturn:
+        """The stopped trial queued to run again, and optimize() ended."""
+        frozen = trial.study.get_trials(deepcopy=False)[trial.number]
+        RetryHeartbeatStaleTrialCallback()(trial.study, frozen)
+        # Optuna ends optimize() on it, whatever it is told to catch.
+        raise KeyboardInterrupt from None
 
     def run(self, trial: optuna.Trial, params: dict) -> float:
         """The mean val/acc_best of the trial's setting (`params`) over the seeds."""
@@ -198,8 +216,11 @@ class Objective:
         self.in_train = True
         try:
             record = train.TrainCLI(args + quiet, callbacks=callbacks).results
-        except SystemExit as e:  # Lightning's end of a KeyboardInterrupt (1)
-            raise KeyboardInterrupt from e
+        except SystemExit as e:
+            if self.stop_asked:  # Lightning's end of a KeyboardInterrupt (1)
+                raise KeyboardInterrupt from e
+            # jsonargparse's end of a value it refuses (2)
+            raise UsageError(f"train.py exited with code {e.code} (its message is above)") from None
         finally:
             self.in_train = False
         accuracy = record["val/acc_best"]
@@ -210,9 +231,8 @@ class Objective:
         if i == 0:  # in the study, for best.yaml on every machine: the run's folder is on this one
             config = yaml.safe_load(Path(record["log_dir"], "config.yaml").read_text())
             trial.set_user_attr("config", config)
-        setting = ", ".join(f"{k}={v}" for k, v in params.items()) or "as given"
-        print(f"trial {trial.number} ({setting}, seed {seed}): val/acc_best {accuracy:.4f} in "
-              f"{record['fit_seconds']:.1f} s", flush=True)
+        print(f"trial {trial.number} ({setting_of(params)}, seed {seed}): val/acc_best "
+              f"{accuracy:.4f} in {record['fit_seconds']:.1f} s", flush=True)
         return accuracy
 
     def run_dir(self, trial: optuna.Trial, seed: int) -> Path:
@@ -240,10 +260,12 @@ def open_study(name: str, store: RDBStorage, space: dict, grid: bool, seed: int)
 def work(name: str, store: RDBStorage, objective: Objective, trials: int, threads: int,
          seed: int) -> None:
     """One process's share: trials until the study has `trials` complete or pruned ones (or the
-    grid is done), or until the sweep stops it."""
+    grid is done), until its trials keep failing the same way, or until the sweep stops it."""
     torch.set_num_threads(threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # A failed trial is said in one line (sweep_failures), a stopped one in the sweep's last line:
+    # not in Optuna's warning with the traceback.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     # Heartbeats and retries: used knowingly.
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     study = open_study(name, store, objective.space, objective.grid, seed)
@@ -258,6 +280,8 @@ def work(name: str, store: RDBStorage, objective: Objective, trials: int, thread
         while not objective.stop_asked:
             optuna.storages.fail_stale_trials(study)
             if ran_a_trial(study, objective, trials):
+                if sweep_failures.failing_the_same_way(study, trials):
+                    break  # the sweep says why (sweep.finish)
                 continue
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if objective.stop_asked or not running:

@@ -88,7 +88,8 @@ def test_the_same_command_again_runs_nothing_and_optuna_reads_the_study(grid):
 
 
 def test_a_space_samples_prunes_and_keeps_count(mnist_dir, tmp_path, capfd):
-    (tmp_path / "space.yaml").write_text("model.lr: {low: 0.001, high: 0.1, log: true}\n"
+    # 1e-3 and 1e-1: numbers, as train.py reads YAML (PyYAML's safe_load reads strings)
+    (tmp_path / "space.yaml").write_text("model.lr: {low: 1e-3, high: 1e-1, log: true}\n"
                                          "data.batch_size: [32, 64]\n")
     args = ["--space", "space.yaml", "--trials", "6", "--trainer.max_epochs", "4"]
     code, err = sweep_here([*args, *BASE, "--data.data_dir", str(mnist_dir)], tmp_path, capfd)
@@ -106,6 +107,23 @@ def test_a_failing_trial_fails_alone(mnist_dir, tmp_path, capfd):
     assert code == 0, err[-3000:]
     states = {t.params["model.lr"]: t.state.name for t in study(tmp_path).get_trials()}
     assert states == {1e12: "FAIL", 0.01: "COMPLETE"}
+    # its error noted in the study (its line is the next test's: a worker of this process writes
+    # to the stderr of the test that started the forkserver)
+    (failed,) = [t for t in study(tmp_path).get_trials() if t.state.name == "FAIL"]
+    assert failed.user_attrs["error"].startswith("the weights became NaN or infinite in epoch 0")
+
+
+def test_a_sweep_whose_every_trial_fails_the_same_way_stops_after_three_and_exits_1(mnist_dir,
+                                                                                    tmp_path):
+    """Each trial diverges: the sweep made failed trials for ever, each with its traceback."""
+    (tmp_path / "space.yaml").write_text("model.lr: {low: 1e11, high: 1e12, log: true}\n")
+    proc = sweep(["--space", "space.yaml", "--trials", "20"], tmp_path, mnist_dir, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("sweep.py: error: the trials keep failing the same way, so the "
+                                "sweep stopped: the weights became NaN or infinite in epoch 0")
+    assert sum(": failed: the weights became NaN" in line for line in lines) == 3
+    assert "Traceback" not in proc.stderr and states(tmp_path) == ["FAIL"] * 3
 
 
 @pytest.mark.parametrize("args, phrase, code", [
@@ -377,3 +395,4 @@ def test_lightning_calls_the_sigterm_handler_it_finds(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert heard == [signal.SIGTERM] and trainer.global_step == 2
+
