@@ -16,6 +16,14 @@ one's config.yaml: `python train.py --config best.yaml` trains it again) are wri
 machine that runs the command.
 """
 
+# ruff: noqa: E402 (a stop while Python imports torch and Lightning: its handler comes first)
+import sys
+
+from lit_common.process import exit_with, python_default, stop_while_starting
+
+if __name__ == "__main__":
+    stop_while_starting()
+
 import argparse
 import contextlib
 import fcntl
@@ -24,7 +32,6 @@ import itertools
 import os
 import shlex
 import signal
-import sys
 import warnings
 from pathlib import Path
 from typing import NoReturn
@@ -38,7 +45,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from datamodules.images import usable_cpus
 from lit_cli.errors import UsageError, explain
-from lit_common.process import exit_with
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
     from . import sweep_failures, sweep_space, train
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     argv = list(argv)
     stop = workers.Stop()
-    previous = {s: signal.signal(s, stop) for s in workers.STOPS}
+    previous = {s: python_default(signal.signal(s, stop), s) for s in workers.STOPS}
     try:
         return run_sweep(argv, stop)
     except Exception as e:

@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_cli.errors import Stopped
 from lit_cli.runs import log_dir
-from lit_common.process import starting, stopped_while_starting
+from lit_common.process import python_default, starting
 from lit_models import LastCheckpoint
 
 
@@ -106,14 +106,6 @@ class Stops:
             print("\nStopping after this step (Ctrl-C again to stop at once) ...",
                   file=sys.stderr, flush=True)
         signal.raise_signal(signal.SIGTERM)
-
-
-def python_default(handler, signum: int):
-    """`handler`, or Python's own for `signum` in place of stop_while_starting's, whose line says
-    the command has not started."""
-    if handler is not stopped_while_starting:
-        return handler
-    return {signal.SIGINT: signal.default_int_handler}.get(signum, signal.SIG_DFL)
 
 
 class HeldStop(L.Callback):

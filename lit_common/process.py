@@ -30,6 +30,14 @@ def starting(handler) -> bool:
     return handler in (signal.SIG_DFL, signal.default_int_handler, stopped_while_starting)
 
 
+def python_default(handler, signum: int):
+    """`handler`, or Python's own for `signum` in place of stop_while_starting's, whose line says
+    the command has not started: what a command's own handlers give back when it ends."""
+    if handler is not stopped_while_starting:
+        return handler
+    return {signal.SIGINT: signal.default_int_handler}.get(signum, signal.SIG_DFL)
+
+
 def leave_the_rest_to_the_system() -> None:
     """Skip the interpreter's last garbage collections, which walk every object torch and Lightning
     made only to free memory that the system takes back with the process. For the very end of a

@@ -6,16 +6,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, TRAIN, results, run_train, runs
+from conftest import ROOT, SWEEP, TRAIN, results, run_train, runs
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("script", [TRAIN, SWEEP])
 @pytest.mark.parametrize("signum, code, name", [(signal.SIGINT, 130, "Ctrl-C"),
                                                 (signal.SIGTERM, 143, "SIGTERM")])
-def test_a_stop_while_python_imports_is_one_line(signum, code, name, tmp_path):
-    process = subprocess.Popen([sys.executable, TRAIN, "--help"], cwd=tmp_path,
+def test_a_stop_while_python_imports_is_one_line(script, signum, code, name, tmp_path):
+    process = subprocess.Popen([sys.executable, script, "--help"], cwd=tmp_path,
                                env={"PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)  # importing torch and Lightning takes seconds
@@ -23,7 +25,7 @@ def test_a_stop_while_python_imports_is_one_line(signum, code, name, tmp_path):
     _, err = process.communicate(timeout=60)
     assert process.returncode == code
     assert err.strip().splitlines() == [
-        f"train.py: stopped by {name} before the command started; nothing was written"]
+        f"{Path(script).name}: stopped by {name} before the command started; nothing was written"]
 
 
 @pytest.mark.parametrize("seed", ["-1", "4294967296", "99999999999999"])
