@@ -3,19 +3,31 @@ learning rate, optimizer or schedule. Each takes effect in what runs and is said
 every command a message suggests works."""
 
 import re
+import shutil
 
 import pytest
 import torch
 import yaml
-from conftest import results, run_train, runs, scalars
+from conftest import results, run_train, runs, scalars, write_mnist
+
+
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory):
+    """A finished 2-epoch MLP run (OneCycle, AdamW), made once for the module."""
+    cwd = tmp_path_factory.mktemp("finished")
+    args = ["--model", "mlp", "--data.data_dir", str(write_mnist(cwd / "data")),
+            "--trainer.max_epochs", "2", "--data.batch_size", "64",
+            "--trainer.log_every_n_steps", "1"]  # the learning rate at every step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        assert run_train(args) == 0
+    return cwd / "lightning_logs"
 
 
 @pytest.fixture
-def finished(mnist_dir, in_tmp):
-    """A finished 2-epoch MLP run (OneCycle, AdamW): its run folder; the options that made it."""
-    args = ["--model", "mlp", "--data.data_dir", str(mnist_dir), "--trainer.max_epochs", "2",
-            "--data.batch_size", "64", "--trainer.log_every_n_steps", "1"]  # lr at every step
-    assert run_train(args) == 0
+def finished(trained_once, in_tmp):
+    """A copy of that run, in this test's folder: its run folder."""
+    shutil.copytree(trained_once, in_tmp / "lightning_logs")
     (run,) = runs(in_tmp)
     return run
 
