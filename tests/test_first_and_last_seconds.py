@@ -44,6 +44,7 @@ def finished(mnist_dir, in_tmp):
     return runs(in_tmp)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit, said", [("x: [\n", "is not valid YAML at line"),
                                         (None, "is not a run's configuration (a YAML mapping)")])
 @pytest.mark.parametrize("command", [["test", "--ckpt_path", "best"],
@@ -69,6 +70,7 @@ class FailsItsTest(ImageClassifier):
 '''
 
 
+@pytest.mark.slow
 def test_a_fit_whose_test_fails_keeps_its_record_and_says_why(mnist_dir, own_modules,
                                                                monkeypatch, capsys):
     (own_modules / "failing.py").write_text(textwrap.dedent(FAILING_TEST))

@@ -120,6 +120,7 @@ def test_limit_test_batches_0_records_the_fit_and_says_the_test_was_skipped(own,
     assert record["test/acc"] is None and record["fit_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_lightning_clis_optimizer_flags_are_the_models_own_with_one_learning_rate(own):
     flags = ["--optimizer", "SGD", "--optimizer.momentum", "0.9", "--lr_scheduler", "StepLR",
              "--lr_scheduler.step_size", "1"]
@@ -148,6 +149,7 @@ def test_lightning_clis_optimizer_flags_configure_a_users_own_module(own):
     assert "momentum" in checkpoint["optimizer_states"][0]["param_groups"][0]  # SGD, not Adam
 
 
+@pytest.mark.slow
 def test_records_name_the_models_class_its_network_and_the_data(own, capsys):
     assert run_train(["--model", "mlp", "--model", "my_losses.Focal", *own.data, *SHORT]) == 0
     (run,) = runs(own.cwd)
@@ -178,6 +180,7 @@ def test_a_users_module_without_data_is_told_to_give_data(own, capsys):
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_failed_command_leaves_no_run_folder_and_no_file_in_the_run_it_resumed(own, capsys):
     big = ["--data.batch_size", "100000"]  # refused in the fit's set-up, once its run is claimed
     assert run_train(["--model", "mlp", *own.data, *big]) == 1

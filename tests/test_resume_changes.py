@@ -10,6 +10,8 @@ import torch
 import yaml
 from conftest import results, run_train, runs, scalars, write_mnist
 
+pytestmark = pytest.mark.slow  # each test trains for seconds
+
 
 @pytest.fixture(scope="module")
 def trained_once(tmp_path_factory):

@@ -11,6 +11,8 @@ import torch
 from conftest import results, run_train, runs
 from test_own_code import LIT_MODEL
 
+pytestmark = pytest.mark.slow  # each test trains for seconds
+
 SHORT = ["--trainer.max_epochs", "1", "--data.batch_size", "64"]
 
 
