@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lit_common import noise
 from lit_common.seeds import mix_seed
-from lit_models import checks, parts, resume
+from lit_models import checks, parts, resume, schedules
 from lit_models.checks import ModelError
 from lit_models.networks import TutorialCNN
 from lit_models.tags import class_metrics
@@ -414,27 +414,8 @@ class ImageClassifier(L.LightningModule):
         resumed = self.resumed
         if resumed is not None and resumed.optimizer_state is not None:
             resume.load_state(optimizer, resumed.optimizer_state)
-        configured = self.schedule(optimizer)
+        steps = self.run_steps()
+        configured = schedules.configured(self.scheduler_factory, optimizer, steps, resumed)
         if resumed is not None:
             rank_zero_only(print)(f"Resumed: {resumed.said()}", file=sys.stderr)
         return configured
-
-    def schedule(self, optimizer: torch.optim.Optimizer):
-        """The optimizer and its schedule, as configure_optimizers returns them."""
-        if self.scheduler_factory is None:
-            return optimizer
-        resumed = self.resumed
-        if not self.per_step_schedule:
-            scheduler = self.scheduler_factory(optimizer)
-            schedule = {"scheduler": scheduler}
-        else:
-            steps, start = self.run_steps(), 0
-            if resumed is not None and resumed.new_schedule:
-                start = min(resumed.step, steps - 1)  # from the checkpoint's step to the end
-            scheduler = self.scheduler_factory(optimizer, total_steps=steps - start)
-            schedule = {"scheduler": scheduler, "interval": "step"}
-            if resumed is not None:
-                resumed.end = steps
-        if resumed is not None:
-            resumed.schedule = type(scheduler).__name__
-        return {"optimizer": optimizer, "lr_scheduler": schedule}

@@ -36,8 +36,8 @@ class Resumption:
     optimizer_state: dict | None = None
     new_optimizer: bool = False
     new_schedule: bool = False
-    schedule: str | None = None  # the schedule that runs, and the step it ends at
-    end: int | None = None
+    schedule: str | None = None  # the schedule that runs, and the step it ends at (planned
+    end: int | None = None  # over the run's steps)
 
     def said(self) -> str:
         """What ran, in a few words, for the record and the log."""
@@ -46,9 +46,12 @@ class Resumption:
         optimizer = "the optimizer's state, with the settings given now"
         if self.new_optimizer:
             optimizer = f"a new optimizer (the checkpoint's was {self.saved_optimizer})"
-        if self.schedule is None or not self.new_schedule:
+        if self.schedule is None:
             return optimizer
-        return f"{optimizer}; a new {self.schedule} schedule from step {self.step} to {self.end}"
+        said = f"{optimizer}; a new {self.schedule} schedule from step {self.step}"
+        if self.end is None:  # a schedule by epochs
+            return said
+        return f"{said} to {self.end}"
 
 
 def plan(checkpoint: dict, hparams, run_steps: int | None) -> Resumption:

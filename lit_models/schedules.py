@@ -1,4 +1,5 @@
-"""A learning-rate schedule that spans the whole run, sized by the trainer."""
+"""A learning-rate schedule that spans the whole run, sized by the trainer; a model's optimizer and
+schedule as Lightning takes them."""
 
 from typing import Optional
 
@@ -6,6 +7,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import OneCycleLR
 
 from lit_models.checks import ModelError
+from lit_models.resume import Resumption
 
 
 class OneCycle(OneCycleLR):
@@ -38,3 +40,24 @@ class OneCycle(OneCycleLR):
         max_lr = [group["lr"] for group in optimizer.param_groups]
         super().__init__(optimizer, max_lr=max_lr, total_steps=total_steps, pct_start=pct_start,
                          cycle_momentum=cycle_momentum)
+
+
+def configured(factory, optimizer: Optimizer, steps: int | None, resumed: Resumption | None):
+    """The optimizer and the schedule `factory` builds for it, as configure_optimizers returns
+    them: one that takes `total_steps` (OneCycle) planned over the run's `steps` (from a resumed
+    fit's step, where the schedule starts anew) and stepped every step, any other every epoch;
+    `resumed` is told which ran."""
+    if factory is None:
+        return optimizer
+    if steps is None:
+        scheduler = factory(optimizer)
+        schedule = {"scheduler": scheduler}
+    else:
+        start = 0
+        if resumed is not None and resumed.new_schedule:
+            start = min(resumed.step, steps - 1)  # from the checkpoint's step to the end
+        scheduler = factory(optimizer, total_steps=steps - start)
+        schedule = {"scheduler": scheduler, "interval": "step"}
+    if resumed is not None:
+        resumed.schedule, resumed.end = type(scheduler).__name__, steps
+    return {"optimizer": optimizer, "lr_scheduler": schedule}
