@@ -2,14 +2,17 @@
 LightningCLI's optimizer flags, training on from a finished run, records that name what ran, and
 nothing left behind by a failed command."""
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from conftest import ROOT, results, run_process, run_train, runs, scalars, write_cifar10
+from conftest import ROOT, results, run_train, runs, scalars, write_cifar10
 from test_dashboards import hparams_tab, images
 
 from lit_models.predict import show
@@ -220,15 +223,27 @@ def test_predict_shows_each_image_once(capsys):
         assert len(shown) == len(set(shown)) == min(n, 8)
 
 
+# train.py's commands one after another in one fresh interpreter, as a user runs them: what they
+# write to stderr, the warnings Python and Lightning print included.
+COMMANDS_IN_A_PROCESS = """
+import sys
+import train
+for command in sys.argv[1].split(" -- "):
+    assert train.main(command.split()) == 0, command
+"""
+
+
 @pytest.mark.slow
 def test_a_default_run_prints_no_warning_a_user_can_do_nothing_about(own):
-    """A fit and its test, training it on, and a predict, as a user runs them: Lightning's
-    informative lines, no warnings, tips or deprecations."""
+    """A fit and its test, training it on, and a predict: Lightning's informative lines, no
+    warnings, tips or deprecations."""
     commands = [["--model", "mlp", *own.data, *SHORT],
                 ["--ckpt_path", "last", "--trainer.max_epochs", "3"],
                 ["predict", "--ckpt_path", "best"]]
-    for command in commands:
-        done = run_process(command, cwd=own.cwd, quiet=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-        noise = [line for line in done.stderr.splitlines() if NOISE.search(line)]
-        assert noise == [], command
+    done = subprocess.run([sys.executable, "-c", COMMANDS_IN_A_PROCESS,
+                           " -- ".join(" ".join(c) for c in commands)], cwd=own.cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if NOISE.search(line)] == []
+    assert "Resumed:" in done.stderr and "Predicted" in done.stdout  # all three ran
