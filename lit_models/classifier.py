@@ -12,7 +12,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lit_common.seeds import mix_seed
-from lit_models import checks, parts
+from lit_models import checks, parts, test_time
 from lit_models.checks import ModelError
 from lit_models.networks import TutorialCNN
 from lit_models.tags import class_metrics
@@ -59,8 +59,8 @@ class ImageClassifier(L.LightningModule):
         cutmix: alpha of torchvision's CutMix (0: off); with mixup too, each batch takes one of the
             two.
         flip_test: when evaluating (validation, test, predict, `classify`, exports), average the
-            logits of each image and of its mirror image: test-time augmentation for data whose
-            classes survive a flip.
+            logits of each image and its mirror image (for data whose classes survive a flip).
+        translate_test: and of each image shifted this many pixels both ways (test_time); 0: off.
         channels_last: the NHWC memory layout for convolutional networks (faster on GPUs, CPUs).
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
@@ -77,10 +77,10 @@ class ImageClassifier(L.LightningModule):
                  lr: Optional[float] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
                  scheduler: Optional[LRSchedulerCallable] = None, label_smoothing: float = 0.0,
                  mixup: float = 0.0, cutmix: float = 0.0, flip_test: bool = False,
-                 channels_last: bool = True,
+                 translate_test: int = 0, channels_last: bool = True,
                  compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False):
         super().__init__()
-        checks.check_arguments(lr, label_smoothing, mixup, cutmix)
+        checks.check_arguments(lr, label_smoothing, mixup, cutmix, translate_test)
         if net is None:
             net = TutorialCNN
         self.net_factory = parts.as_factory(net)
@@ -89,7 +89,7 @@ class ImageClassifier(L.LightningModule):
         # As data (as_spec), read by save_hyperparameters: a checkpoint rebuilds the same parts.
         net, optimizer, scheduler = map(parts.as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
-        self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
+        self.flip_test, self.translate_test = flip_test, translate_test  # scripted forward's
         self.net = None
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MeanMetric(nan_strategy="disable")
@@ -204,17 +204,17 @@ class ImageClassifier(L.LightningModule):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W), or floats on the 0..255 scale."""
-        flip = self.flip_test
+        flip, shift = self.flip_test, self.translate_test
         if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
             checks.check_ready(self.net, self.hparams.mean)
-            flip = self.hparams.flip_test  # as the user set it, after loading too
+            flip, shift = self.hparams.flip_test, self.hparams.translate_test  # as set, loaded too
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        if flip and not self.training:
-            return (self.net(x) + self.net(x.flip(3))) / 2
-        return self.net(x)
+        if self.training or not (flip or shift):
+            return self.net(x)
+        return test_time.averaged([self.net(v) for v in test_time.views(x, flip, shift)], flip)
 
     @torch.no_grad()
     def classify(self, images) -> torch.Tensor:
