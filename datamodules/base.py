@@ -5,13 +5,13 @@ import errno
 import functools
 import math
 import sys
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 
+from datamodules.augment import random_crop, random_flip
 from lit_common.seeds import mix_seed
 
 
@@ -33,26 +33,6 @@ def unwritable(error: Exception, what: str) -> str | None:
         return None
     return (f"{error.filename} cannot be written ({error.strerror}): {what}; pass a "
             f"--data.data_dir that can be written, or put the files there yourself")
-
-
-def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
-    """torchvision's RandomCrop(size, padding) for a whole batch: zero-pad, then each image at its
-    own random offset, in two gathers (no Python loop, no boolean indexing: no host sync on a
-    GPU)."""
-    n, c, h, w = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding))
-    offsets = torch.randint(0, 2 * padding + 1, (2, n, 1), device=images.device,
-                            generator=generator)
-    rows = (torch.arange(h, device=images.device) + offsets[0])[:, None, :, None]
-    padded = padded.gather(2, rows.expand(n, c, h, w + 2 * padding))
-    cols = (torch.arange(w, device=images.device) + offsets[1])[:, None, None, :]
-    return padded.gather(3, cols.expand(n, c, h, w))
-
-
-def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mirror each image of a batch left-right with probability 1/2."""
-    flip = torch.rand(len(images), 1, 1, 1, device=images.device, generator=generator) < 0.5
-    return torch.where(flip, images.flip(3), images)
 
 
 def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
@@ -92,10 +72,11 @@ class DeviceBatches:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
                  train: bool = False, shuffle: bool = True, crop_padding: int = 0,
-                 flip: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 to_float: bool = False):
+                 reflect: bool = False, flip: bool = False, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
         self.shuffle, self.crop_padding, self.flip = shuffle and train, crop_padding, flip
+        self.reflect = reflect
         self.seed, self.rank, self.world_size, self.to_float = seed, rank, world_size, to_float
         self.epoch, self.yielded, self._resume = 0, 0, None
         if train:
@@ -152,7 +133,7 @@ class DeviceBatches:
                 # any batch, in any order
                 generator.manual_seed(mix_seed(self.seed, self.epoch, i, self.rank))
             if self.crop_padding:
-                images = random_crop(images, self.crop_padding, generator)
+                images = random_crop(images, self.crop_padding, generator, self.reflect)
             if self.flip:
                 images = random_flip(images, generator)
             if self.to_float:
@@ -210,6 +191,8 @@ class ImageDataModule(L.LightningDataModule):
             images).
         crop_padding: random-crop augmentation: pad by this many pixels, crop back at a random
             offset (0: off).
+        padding_mode: what the crops' padding holds: "constant" (zeros, torchvision's default)
+            or "reflect" (the image mirrored at its borders: a shift with no black edge).
         flip: random horizontal flips.
         on_device: keep the data set on the training device (fast); false keeps it in host memory
             and moves each batch, for data that does not fit on the device.
@@ -228,7 +211,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(self, data_dir: str = "./data", batch_size: int = 128,
                  eval_batch_size: int = 1000, val_size: Optional[Union[int, float]] = None,
-                 split_seed: int = 0, crop_padding: int = 0, flip: bool = False,
+                 split_seed: int = 0, crop_padding: int = 0,
+                 padding_mode: Literal["constant", "reflect"] = "constant", flip: bool = False,
                  on_device: bool = True, download: bool = True,
                  float_images: Optional[bool] = None):
         super().__init__()
@@ -236,10 +220,12 @@ class ImageDataModule(L.LightningDataModule):
         batches_empty = batch_size < 1 or eval_batch_size < 1
         val_size_negative = val_size is not None and val_size < 0
         negative = crop_padding < 0 or val_size_negative
-        if batches_empty or negative:
+        unknown_mode = padding_mode not in ("constant", "reflect")
+        if batches_empty or negative or unknown_mode:
             raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} "
                             f"must be at least 1, crop_padding {crop_padding} and val_size "
-                            f"{val_size} at least 0")
+                            f"{val_size} at least 0, padding_mode {padding_mode!r} constant or "
+                            f"reflect")
         # 2.0 from a config is a count; 2.5 is neither
         if isinstance(val_size, float) and val_size >= 1:
             if not val_size.is_integer():
@@ -248,7 +234,7 @@ class ImageDataModule(L.LightningDataModule):
             val_size = int(val_size)
         self.data_dir, self.batch_size, self.eval_batch_size = data_dir, batch_size, eval_batch_size
         self.val_size, self.split_seed = val_size, split_seed
-        self.crop_padding, self.flip = crop_padding, flip
+        self.crop_padding, self.padding_mode, self.flip = crop_padding, padding_mode, flip
         self.on_device, self.download, self.float_images = on_device, download, float_images
         self.said_floats = False
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -346,8 +332,12 @@ class ImageDataModule(L.LightningDataModule):
         # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed).
         # overfit_batches: the same batches every epoch, as Lightning does with a DataLoader.
         shuffle = self.trainer is None or not self.trainer.overfit_batches
+        reflect = self.padding_mode == "reflect"
+        if reflect and self.crop_padding >= min(images.shape[2:]):
+            raise DataError(f"--data.crop_padding {self.crop_padding} reflected needs images "
+                            f"larger than {tuple(images.shape[2:])}")
         batches = DeviceBatches(images, labels, self.batch_size, train=True,
-                                crop_padding=self.crop_padding, flip=self.flip,
+                                crop_padding=self.crop_padding, reflect=reflect, flip=self.flip,
                                 seed=torch.initial_seed(), rank=rank, world_size=world_size,
                                 shuffle=shuffle, to_float=self.gives_floats())
         if self._train_state is not None:

@@ -1,11 +1,13 @@
-"""The LightningModule for image classification, the tutorial networks it wraps, and its schedule
-and callbacks."""
+"""The LightningModule for image classification, the networks it wraps, and its schedule and
+callbacks."""
 
 from lit_models.callbacks import EMA, LastCheckpoint, TimedProgressBar, TrainingSpeed
 from lit_models.classifier import ImageClassifier, ModelError
 from lit_models.dashboards import Dashboards
 from lit_models.networks import NETWORKS, TutorialCNN, TutorialMLP
 from lit_models.schedules import OneCycle
+from lit_models.whitened_net import WhitenedNet
+from lit_models.whitening import PatchWhitening
 
 __all__ = [
     "Dashboards",
@@ -15,8 +17,10 @@ __all__ = [
     "ModelError",
     "NETWORKS",
     "OneCycle",
+    "PatchWhitening",
     "TimedProgressBar",
     "TrainingSpeed",
     "TutorialCNN",
     "TutorialMLP",
+    "WhitenedNet",
 ]

@@ -15,11 +15,14 @@ class ModelError(RuntimeError):
     """The model cannot be built, trained or used as asked; the message says why and what to do."""
 
 
-def check_arguments(lr, label_smoothing: float, mixup: float, cutmix: float) -> None:
-    """A ModelError for a learning rate that is not a positive number, or a label smoothing, mixup
-    or cutmix out of range."""
+def check_arguments(lr, label_smoothing: float, mixup: float, cutmix: float,
+                    translate_test: int = 0) -> None:
+    """A ModelError for a learning rate that is not a positive number, or a label smoothing, mixup,
+    cutmix or test-time shift out of range."""
     if lr is not None and not positive_number(lr):
         raise ModelError(f"--model.lr {lr}: a learning rate is a positive number")
+    if not (isinstance(translate_test, int) and translate_test >= 0):
+        raise ModelError(f"--model.translate_test {translate_test}: a number of pixels, at least 0")
     if not 0 <= label_smoothing <= 1 or min(mixup, cutmix) < 0:
         raise ModelError(f"--model.label_smoothing {label_smoothing} must be in [0, 1], "
                          f"--model.mixup {mixup} and --model.cutmix {cutmix} at least 0")

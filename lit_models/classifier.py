@@ -1,7 +1,6 @@
 """One LightningModule for image classification: normalisation, loss, metrics and optimisation
 around a network."""
 
-import sys
 from collections import OrderedDict
 from typing import Literal, Optional, Union
 
@@ -9,13 +8,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lit_common import noise
 from lit_common.seeds import mix_seed
-from lit_models import checks, parts, resume, schedules
+from lit_models import checks, parts, predict, resume, schedules, test_time
 from lit_models.checks import ModelError
 from lit_models.networks import TutorialCNN
 from lit_models.tags import class_metrics
@@ -55,15 +53,13 @@ class ImageClassifier(L.LightningModule):
         scheduler: the learning-rate schedule; one that takes `total_steps` (`--model.scheduler
             OneCycle`) is planned over the run's optimizer steps and stepped every step, others
             every epoch; null: constant.
-        label_smoothing: label smoothing of the training loss, in [0, 1] (evaluation losses use
-            none).
-        mixup: alpha of torchvision's MixUp of training batches (0: off); the training accuracy
-            counts each prediction by the share of its class in the mixed label.
-        cutmix: alpha of torchvision's CutMix (0: off); with mixup too, each batch takes one of the
-            two.
+        label_smoothing: of the training loss, in [0, 1] (evaluation losses use none).
+        mixup: alpha of torchvision's MixUp of training batches (0: off); training accuracy counts
+            a prediction by its class's share of the mixed label.
+        cutmix: alpha of torchvision's CutMix (0: off); with mixup, each batch takes one of the two.
         flip_test: when evaluating (validation, test, predict, `classify`, exports), average the
-            logits of each image and of its mirror image: test-time augmentation for data whose
-            classes survive a flip.
+            logits of each image and its mirror image (for data whose classes survive a flip).
+        translate_test: and of each image shifted this many pixels both ways (test_time); 0: off.
         channels_last: the NHWC memory layout for convolutional networks (faster on GPUs, CPUs).
         compile: `torch.compile` the network: true, or a mode ("reduce-overhead", "max-autotune").
     """
@@ -80,10 +76,10 @@ class ImageClassifier(L.LightningModule):
                  lr: Optional[float] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
                  scheduler: Optional[LRSchedulerCallable] = None, label_smoothing: float = 0.0,
                  mixup: float = 0.0, cutmix: float = 0.0, flip_test: bool = False,
-                 channels_last: bool = True,
+                 translate_test: int = 0, channels_last: bool = True,
                  compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False):
         super().__init__()
-        checks.check_arguments(lr, label_smoothing, mixup, cutmix)
+        checks.check_arguments(lr, label_smoothing, mixup, cutmix, translate_test)
         if net is None:
             net = TutorialCNN
         self.net_factory = parts.as_factory(net)
@@ -92,7 +88,7 @@ class ImageClassifier(L.LightningModule):
         # As data (as_spec), read by save_hyperparameters: a checkpoint rebuilds the same parts.
         net, optimizer, scheduler = map(parts.as_spec, (net, optimizer, scheduler))
         self.save_hyperparameters()
-        self.flip_test = flip_test  # forward's copy: a scripted model has no hparams
+        self.flip_test, self.translate_test = flip_test, translate_test  # scripted forward's
         self.net = None
         self.resuming: dict | None = None  # the checkpoint a fit goes on from
         self.resumed: resume.Resumption | None = None  # and how
@@ -102,10 +98,9 @@ class ImageClassifier(L.LightningModule):
         self.test_acc = MeanMetric(nan_strategy="disable")
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run remembers its best epoch
-        # Sums of the training loss and accuracy over the images since they were last logged
-        # (logs_at), and their means over the epoch: metrics of values summed over the processes
-        # already (no sync when a progress bar on one process reads them, which would hang DDP:
-        # Lightning-AI/pytorch-lightning#21264).
+        # Training loss and accuracy summed since last logged (logs_at), and their epoch means:
+        # metrics of sums over all processes already (a sync when one process's progress bar reads
+        # them would hang DDP: Lightning-AI/pytorch-lightning#21264).
         self.train_window = torch.zeros(2)  # float32 whatever --trainer.precision says
         self.window_images = 0
         self.train_loss = MeanMetric(nan_strategy="disable", sync_on_compute=False)
@@ -212,39 +207,31 @@ class ImageClassifier(L.LightningModule):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Logits (N, num_classes) for uint8 images (N, C, H, W), or floats on the 0..255 scale."""
-        flip = self.flip_test
+        flip, shift = self.flip_test, self.translate_test
         if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
             checks.check_ready(self.net, self.hparams.mean)
-            flip = self.hparams.flip_test  # as the user set it, after loading too
+            flip, shift = self.hparams.flip_test, self.hparams.translate_test  # as set, loaded too
         scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
         x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        if flip and not self.training:
-            return (self.net(x) + self.net(x.flip(3))) / 2
-        return self.net(x)
+        if self.training or not (flip or shift):
+            return self.net(x)
+        return test_time.averaged([self.net(v) for v in test_time.views(x, flip, shift)], flip)
 
-    @torch.no_grad()
     def classify(self, images) -> torch.Tensor:
         """Class probabilities (N, num_classes) for a uint8 batch (N, C, H, W), a PIL image, or a
-        list of them.
-
-        PIL images are decoded as the image-folder data module decodes files, and resized to the
-        model's input:
+        list of them (decoded as the image-folder data module decodes files, resized to fit):
 
             path = "lightning_logs/version_0/checkpoints/last.ckpt"
             model = ImageClassifier.load_from_checkpoint(path)
             probabilities = model.classify(PIL.Image.open("cat.png"))
         """
-        from datamodules.images import to_uint8_batch
+        return predict.classify(self, images)
 
-        was_training = self.training
-        self.eval()
-        try:
-            batch = to_uint8_batch(images, tuple(self.hparams.image_shape))
-            return self(batch.to(self.device)).softmax(1)
-        finally:
-            self.train(was_training)
+    def check_weights(self, weights: dict) -> None:
+        """A ModelError naming the weights missing, unexpected or of another shape than ours."""
+        checks.check_weights(self, weights)
 
     def logs_at(self, batch_idx: int) -> bool:
         """Whether a training step logs train/loss and train/acc (the means since the last time):
@@ -332,10 +319,6 @@ class ImageClassifier(L.LightningModule):
             # says how the fit goes on; the data module's position is restored only then).
             self.resuming = checkpoint
 
-    def check_weights(self, weights: dict) -> None:
-        """A ModelError naming the weights missing, unexpected or of another shape than ours."""
-        checks.check_weights(self, weights)
-
     def raise_if_not_finite(self) -> None:
         """A ModelError if a weight of the network is NaN or infinite: a diverged run stops before a
         checkpoint, an export or a test holds it."""
@@ -383,8 +366,7 @@ class ImageClassifier(L.LightningModule):
 
     @property
     def per_step_schedule(self) -> bool:
-        """Whether the schedule is planned over the run's steps (it takes `total_steps`:
-        OneCycle)."""
+        """Whether the schedule is planned over the run's steps (OneCycle: `total_steps`)."""
         return parts.plans_over_run(self.scheduler_factory)
 
     def on_fit_start(self):
@@ -408,14 +390,11 @@ class ImageClassifier(L.LightningModule):
         self.planned_lr = self.hparams.lr
         trained = [p for p in self.parameters() if p.requires_grad]
         optimizer = parts.build_optimizer(self.optimizer_factory, trained, self.hparams.lr)
-        if self.resuming is not None:  # a fit from a checkpoint: how it goes on
-            self.resumed = resume.plan(self.resuming, self.hparams, self.run_steps())
-            self.resuming = None
-        resumed = self.resumed
-        if resumed is not None and resumed.optimizer_state is not None:
-            resume.load_state(optimizer, resumed.optimizer_state)
         steps = self.run_steps()
-        configured = schedules.configured(self.scheduler_factory, optimizer, steps, resumed)
-        if resumed is not None:
-            rank_zero_only(print)(f"Resumed: {resumed.said()}", file=sys.stderr)
+        if self.resuming is not None:  # a fit from a checkpoint: how it goes on
+            self.resumed = resume.plan(self.resuming, self.hparams, steps)
+            self.resuming = None
+        resume.load_state(optimizer, self.resumed)
+        configured = schedules.configured(self.scheduler_factory, optimizer, steps, self.resumed)
+        resume.say(self.resumed)
         return configured

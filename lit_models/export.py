@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lit_common.files import new_file, output_over, written_whole
+from lit_models import test_time
 from lit_models.classifier import ImageClassifier, ModelError
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "pt2": ".pt2"}
@@ -29,13 +30,12 @@ class Servable(nn.Module):
         net = copy.deepcopy(model.net).to(memory_format=torch.contiguous_format)
         self.net = net.float().eval()
         self.flip = bool(model.hparams.flip_test)
+        self.shift = int(model.hparams.translate_test)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = (images.float() / 255 - self.mean) / self.std
-        logits = self.net(x)
-        if self.flip:
-            logits = (logits + self.net(x.flip(3))) / 2
-        return logits.softmax(1)
+        logits = [self.net(view) for view in test_time.views(x, self.flip, self.shift)]
+        return test_time.averaged(logits, self.flip).softmax(1)
 
 
 def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None = None,

@@ -20,6 +20,8 @@ from typing import Union
 
 from torch import nn
 
+from lit_models.whitened_net import WhitenedNet
+
 
 def widths(value: Union[int, list[int]]) -> list[int]:
     """One width or a list of them (one per layer), as a list of positive ints."""
@@ -81,7 +83,8 @@ class TutorialMLP(nn.Sequential):
         super().__init__(OrderedDict(layers[:-1]))
 
 
-NETWORKS: dict[str, type[nn.Module]] = {"cnn": TutorialCNN, "mlp": TutorialMLP}
+NETWORKS: dict[str, type[nn.Module]] = {"cnn": TutorialCNN, "mlp": TutorialMLP,
+                                         "whitened": WhitenedNet}
 
 
 def import_class(path: str) -> type:

@@ -11,14 +11,28 @@ from datetime import datetime
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from datamodules.images import ImageFiles, is_image, list_images, some
+from datamodules.images import ImageFiles, is_image, list_images, some, to_uint8_batch
 from lit_common.files import new_file, output_over, written_whole
 from lit_models.checks import ModelError
 
 SHOWN = 8  # predictions printed, spread over the images (a split is often sorted by class)
+
+
+def classify(model, images) -> torch.Tensor:
+    """ImageClassifier.classify: the class probabilities of uint8 images, PIL images or a list of
+    them, decoded and resized as the image-folder data module does, in eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        batch = to_uint8_batch(images, tuple(model.hparams.image_shape))
+        with torch.no_grad():
+            return model(batch.to(model.device)).softmax(1)
+    finally:
+        model.train(was_training)
 
 
 def find_images(inputs: list[str]) -> list[Path]:

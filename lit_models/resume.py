@@ -12,9 +12,11 @@ option given takes effect, and the records say what ran.
   schedule.
 """
 
+import sys
 from dataclasses import dataclass
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 
 
 @dataclass
@@ -98,8 +100,17 @@ def planned_end(checkpoint: dict) -> int | None:
     return int(checkpoint.get("global_step", 0)) - taken + total
 
 
-def load_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """The checkpoint's optimizer state (per parameter) in `optimizer`, whose settings stay."""
+def load_state(optimizer: torch.optim.Optimizer, resumed: Resumption | None) -> None:
+    """The checkpoint's optimizer state (per parameter) in `optimizer`, whose settings stay, where
+    the plan runs it with the settings given now."""
+    if resumed is None or resumed.optimizer_state is None:
+        return
     merged = optimizer.state_dict()
-    merged["state"] = state["state"]
+    merged["state"] = resumed.optimizer_state["state"]
     optimizer.load_state_dict(merged)
+
+
+def say(resumed: Resumption | None) -> None:
+    """How a resumed fit goes on, on the first process's stderr (once the schedule is made)."""
+    if resumed is not None:
+        rank_zero_only(print)(f"Resumed: {resumed.said()}", file=sys.stderr)

@@ -17,7 +17,8 @@ from datamodules import (
     FashionMNISTDataModule,
     MNISTDataModule,
 )
-from datamodules.base import channel_stats, random_crop, random_flip
+from datamodules.augment import random_crop, random_flip
+from datamodules.base import channel_stats
 from lit_common.seeds import mix_seed
 
 
