@@ -349,6 +349,19 @@ def test_a_network_and_a_data_set_of_ones_own_train_from_the_command_line(own_mo
     assert code == 0 and "test/acc 1.0000" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("recipe", command_line.recipes())
+def test_every_recipe_runs_the_network_data_and_length_it_writes(recipe, capsys):
+    written = yaml.safe_load((command_line.RECIPES / f"{recipe}.yaml").read_text())
+    assert run_train(["--model", recipe, "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    net = printed["model"]["init_args"]["net"]["class_path"]
+    assert net == written["model"]["init_args"]["net"]["class_path"]
+    assert printed["data"]["class_path"] == written["data"]["class_path"]
+    assert printed["trainer"]["max_epochs"] == written["trainer"]["max_epochs"]
+    for key, value in written["data"].get("init_args", {}).items():
+        assert printed["data"]["init_args"][key] == value, key
+
+
 def test_the_registries_hold_the_built_in_names():  # and more once a user adds some
     assert {"cnn", "mlp"} <= set(NETWORKS)
     assert {"cifar10", "mnist", "fashion_mnist", "image_folder"} <= set(datamodules.DATA)
@@ -356,7 +369,11 @@ def test_the_registries_hold_the_built_in_names():  # and more once a user adds 
     assert "\n" not in command_line.usage()
 
 
-@pytest.mark.parametrize("recipe, arch, epochs", [("quick_cnn", "cnn", 1), ("quick_mlp", "mlp", 4)])
+QUICK = [("quick_cnn", "cnn", 1), ("quick_mlp", "mlp", 4), ("quick_cnn_gpu", "cnn", 4),
+         ("quick_mlp_gpu", "mlp", 8)]
+
+
+@pytest.mark.parametrize("recipe, arch, epochs", QUICK)
 def test_quick_recipes_train_on_every_image_and_test_the_last_weights(recipe, arch, epochs, capsys):
     assert run_train(["--model", recipe, "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
