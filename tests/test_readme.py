@@ -14,7 +14,8 @@ from conftest import ROOT, run_train, sweep_here, write_cifar10, write_mnist
 from PIL import Image
 
 README = (ROOT / "README.md").read_text()
-SHORT = ["--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false"]
+SHORT = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4",
+         "--trainer.enable_progress_bar", "false"]
 
 
 def blocks(language: str) -> list[str]:
