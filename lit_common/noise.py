@@ -16,6 +16,8 @@ WARNINGS = [
     # A resumed run goes on in its own folder, beside its own checkpoints; a new run is given a
     # new folder, and refused one that holds another run (runs.SaveConfig).
     r"Checkpoint directory .* exists and is not empty",
+    # `--data.val_size 0` asks for no validation: the data modules' val_dataloader is then [].
+    r"Total length of `list` across ranks is zero",
 ]
 # ImageClassifier logs its training metrics at each epoch's end too: a short epoch loses none.
 SHORT_EPOCH = r"The number of training batches \(\d+\) is smaller than the logging interval"
