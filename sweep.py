@@ -5,8 +5,9 @@
     python sweep.py --model mlp --seeds 5          # one setting, five seeds: mean and spread
 
 Every option that is not the sweep's own is train.py's. A trial trains that command line with its
-settings (`--seeds N`: once per seed, its value the mean val/acc_best) and reports each epoch's
-val/acc to Optuna's median pruner. The study lives in an Optuna storage (SQLite in
+settings (`--seeds N`: once per seed, its value the mean val/acc_best, or test/acc where the runs
+hold out no validation, as `--model whitened`) and reports each epoch's val/acc to Optuna's median
+pruner. The study lives in an Optuna storage (SQLite in
 lightning_logs/sweeps/NAME/study.db by default, or any RDB URL shared by several machines), so the
 same command again goes on where it stopped, `optuna-dashboard` and the `optuna` command read it,
 and `--parallel N` runs N processes on it, which end with it. Ctrl-C or SIGTERM queues each trial
@@ -191,7 +192,8 @@ def write_best(best: FrozenTrial, folder: Path) -> str:
     config["trainer"]["enable_progress_bar"] = None
     (folder / "best.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     setting = best.params or "as given"
-    return (f"Best: trial {best.number}, val/acc_best {best.value:.4f} ({setting}); "
+    objective = best.user_attrs.get("objective", "val/acc_best")  # a study of an earlier version
+    return (f"Best: trial {best.number}, {objective} {best.value:.4f} ({setting}); "
             f"python train.py --config {folder / 'best.yaml'}")
 
 

@@ -131,7 +131,8 @@ def study_turn(url: str, folder: Path, study: str) -> FileTurn | ServerTurn:
 
 
 class Objective:
-    """Trains a trial's setting once per seed; its value is the mean of their val/acc_best."""
+    """Trains a trial's setting once per seed; its value is the mean of their val/acc_best (of
+    their test/acc where they hold out no validation)."""
 
     def __init__(self, base: list[str], space: dict, grid: bool, seeds: list[int], folder: Path,
                  threads: str, turn: FileTurn | ServerTurn):
@@ -194,12 +195,13 @@ class Objective:
         raise KeyboardInterrupt from None
 
     def run(self, trial: optuna.Trial, params: dict) -> float:
-        """The mean val/acc_best of the trial's setting (`params`) over the seeds."""
+        """The mean val/acc_best (or test/acc) of the trial's setting (`params`) over the seeds."""
         values = [self.run_seed(trial, params, i, seed) for i, seed in enumerate(self.seeds)]
         return sum(values) / len(values)
 
     def run_seed(self, trial: optuna.Trial, params: dict, i: int, seed: int) -> float:
-        """The setting trained with the `i`th seed, noted in the trial; its val/acc_best."""
+        """The setting trained with the `i`th seed, noted in the trial; its val/acc_best, or its
+        test/acc where it held out no validation."""
         if self.stop_asked:  # while the trial's last seed was recorded
             raise KeyboardInterrupt
         args = trial_args(self.base, params, seed)
@@ -223,15 +225,16 @@ class Objective:
             raise UsageError(f"train.py exited with code {e.code} (its message is above)") from None
         finally:
             self.in_train = False
-        accuracy = record["val/acc_best"]
-        if accuracy is None:
-            accuracy = record["test/acc"]
+        objective, accuracy = "val/acc_best", record["val/acc_best"]
+        if accuracy is None:  # no validation split (--data.val_size 0): the test set decides
+            objective, accuracy = "test/acc", record["test/acc"]
+        trial.set_user_attr("objective", objective)
         trial.set_user_attr(f"test_acc_seed_{seed}", record["test/acc"])
         trial.set_user_attr(f"log_dir_seed_{seed}", record["log_dir"])
         if i == 0:  # in the study, for best.yaml on every machine: the run's folder is on this one
             config = yaml.safe_load(Path(record["log_dir"], "config.yaml").read_text())
             trial.set_user_attr("config", config)
-        print(f"trial {trial.number} ({setting_of(params)}, seed {seed}): val/acc_best "
+        print(f"trial {trial.number} ({setting_of(params)}, seed {seed}): {objective} "
               f"{accuracy:.4f} in {record['fit_seconds']:.1f} s", flush=True)
         return accuracy
 
