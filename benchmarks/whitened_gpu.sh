@@ -24,6 +24,8 @@ start = time.perf_counter()
 airbench.train94()
 print(f"airbench94 wall {time.perf_counter() - start:.2f} s")
 PY
+# Its time to compare is its table's last total_time_seconds (training, whitening, test-time views):
+# the wall line also holds its loading and the per-epoch evaluations it prints.
 airbench94() { (cd $D && $C10 timeout 200 python airbench94.py 2>&1 | tail -3); }
 echo "== airbench94, before"; airbench94
 RUN=(--model whitened --data.data_dir $D/c10 --trainer.default_root_dir "$OUT/whitened")
