@@ -54,6 +54,9 @@ class TrainCLI(LightningCLI):
                  run: bool = True):
         self.stops, self.fitted, self.best, self.results = signals.Stops(), False, None, {}
         self.runs_subcommand, self.claim = run, None
+        # Again for each run in a process: a caller's warnings.catch_warnings (a test's, a
+        # notebook's) drops on leaving what was set inside it, the import's filters among them.
+        noise.silence()
         try:
             self.stops.start()
             args = command_line.expand(list(sys.argv[1:] if args is None else args))

@@ -31,8 +31,11 @@ class NoTips(logging.Filter):
 
 
 def silence(warnings_list: list[str] = WARNINGS) -> None:
-    """Silence these warnings, and Lightning's tips."""
+    """Silence these warnings, and Lightning's tips. Called again, it changes nothing: a filter
+    already there is not added twice."""
     for message in warnings_list:
-        warnings.filterwarnings("ignore", message=message)
+        warnings.filterwarnings("ignore", message=message)  # replaces the same filter
     for package in ("pytorch", "fabric"):
-        logging.getLogger(f"lightning.{package}.utilities.rank_zero").addFilter(NoTips())
+        logger = logging.getLogger(f"lightning.{package}.utilities.rank_zero")
+        if not any(isinstance(f, NoTips) for f in logger.filters):
+            logger.addFilter(NoTips())
