@@ -1,6 +1,7 @@
 """The start and end of a command's process."""
 
 import gc
+import os
 import signal
 import sys
 from pathlib import Path
@@ -22,7 +23,10 @@ def stopped_while_starting(signum, frame) -> NoReturn:
     name, code = SIGNALS[signum]
     print(f"{Path(sys.argv[0]).name}: stopped by {name} before the command started; nothing was "
           f"written", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    # Not SystemExit: raised while an extension module initialises during the imports, it can be
+    # lost there, and the command ran on to exit 0 after this line. Nothing of the command's is
+    # open yet, so nothing is lost by ending the process here.
+    os._exit(code)
 
 
 def starting(handler) -> bool:
