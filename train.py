@@ -34,8 +34,6 @@ from lit_cli.trainer import Trainer, check_command
 from lit_common import noise
 from lit_models import ImageClassifier
 
-noise.silence()
-
 
 class TrainCLI(LightningCLI):
     """LightningCLI for any LightningModule (ImageClassifier's recipes by default) and
@@ -54,8 +52,8 @@ class TrainCLI(LightningCLI):
                  run: bool = True):
         self.stops, self.fitted, self.best, self.results = signals.Stops(), False, None, {}
         self.runs_subcommand, self.claim = run, None
-        # Again for each run in a process: a caller's warnings.catch_warnings (a test's, a
-        # notebook's) drops on leaving what was set inside it, the import's filters among them.
+        # At each run, not once at import: a caller's warnings.catch_warnings (a test's, a
+        # notebook's) drops on leaving it the filters that were set inside it.
         noise.silence()
         try:
             self.stops.start()

@@ -3,13 +3,14 @@ reference beside `train.py --model whitened` where no GPU is lent (docs/benchmar
 
 airbench writes its code for one CUDA device in half precision. Here its own `train94` runs with
 four things swapped for the run's length, and nothing of its recipe: the network is built on the
-host in float32 (`.cuda()` and `.half()` pass it on), its loaders hold float32 images on the host,
-and torch.cuda's timing events are the host's clock. The data is written where airbench reads it
+host in float32 (`.cuda()` and `.half()` pass it on), its loaders hold their images on the host in
+float32 (rounded to half precision first, as airbench's are), and torch.cuda's timing events are
+the host's clock. The data is written where airbench reads it
 (`cifar10/train.pt` and `test.pt` in the working folder) from torchvision's CIFAR-10 layout.
 
     pip install airbench==0.1.8
-    cd SCRATCH && PYTHONPATH=../shared/datasets/offline_cifar10 \
-        python BENCHMARKS/airbench94_cpu.py --data_dir /tmp/c10 --seed 0
+    cd SCRATCH && PYTHONPATH=PROJECT/../shared/datasets/offline_cifar10 \
+        python PROJECT/benchmarks/airbench94_cpu.py --data_dir /tmp/c10 --seed 0
 
 Prints airbench's own table (its last row's tta_val_acc is the test accuracy it reports) and the
 wall time.
