@@ -5,44 +5,60 @@
     python train.py predict --ckpt_path best --inputs my_images/
     python train.py export --ckpt_path best --format onnx
 
-Every option is LightningCLI's: `--trainer.*`, `--model.*`, `--data.*`, `--config FILE`,
-`--seed_everything`. lit_cli/command_line.py writes out the few short forms (`--model NAME` is
-the recipe configs/NAME.yaml). A fit writes lightning_logs/version_N/: TensorBoard events,
-checkpoints/, config.yaml (`--config` of it runs it again) and results.json.
+Every option is LightningCLI's: `--trainer.*`, `--model.*`, `--data.*`, `--optimizer`,
+`--lr_scheduler`, `--config FILE`, `--seed_everything`. lit_cli/command_line.py has the three
+rules train.py adds (`--model NAME` is the recipe configs/NAME.yaml). A fit writes
+lightning_logs/version_N/: TensorBoard events, checkpoints/, config.yaml (`--config` of it runs it
+again) and results.json.
 """
 
-# ruff: noqa: E402 (a stop while Python imports torch and Lightning: its handler comes first)
+import logging
 import sys
-
-from lit_common.process import exit_with, stop_while_starting
-
-if __name__ == "__main__":
-    stop_while_starting()
-
-import time
-from pathlib import Path
+import warnings
 from typing import NoReturn
 
 import lightning as L
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from lit_cli import command_line, defaults, errors, model_options, record, runs, signals
-from lit_cli.errors import UsageError
-from lit_cli.trainer import Trainer, check_command
-from lit_common import noise
-from lit_models import ImageClassifier
+from lit_cli import command_line, defaults, errors, runs
+from lit_cli.errors import Stopped, UsageError
+from lit_cli.trainer import Trainer
+from lit_models import ImageClassifier, LastCheckpoint, RunRecord
+
+DESCRIPTION = ("Train, test and use image classifiers with LightningCLI (README.md). Recipes: "
+               f"--model {'|'.join(command_line.recipes())}; data: --data CIFAR10DataModule, "
+               "MNISTDataModule, FashionMNISTDataModule, ImageFolderDataModule (or yours); the "
+               "model's options: --model.help ImageClassifier, its network's: --model.net.help "
+               "TutorialMLP.")
+# What Lightning and torch print that a user of train.py can do nothing about, and why.
+QUIET = [
+    # torch deprecates a use inside Lightning's own code (lightning/pytorch/utilities/_pytree.py).
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # The use commands load a checkpoint's weights alone into the callbacks they run.
+    r"Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",
+    # The prediction writer (lit_models/predict.py) names its rows itself.
+    r"Couldn't infer the batch indices fetched from your dataloader",
+    # A resumed run goes on in its own folder, beside its own checkpoints.
+    r"Checkpoint directory .* exists and is not empty",
+    # `--data.val_size 0` asks for no validation: the data modules' val_dataloader is then [].
+    r"Total length of `list` across ranks is zero",
+    # ImageClassifier logs its training metrics at each epoch's end too: no short epoch loses one.
+    r"The number of training batches \(\d+\) is smaller than the logging interval",
+]
 
 
 class TrainCLI(LightningCLI):
     """LightningCLI for any LightningModule (ImageClassifier's recipes by default) and
     LightningDataModule, with its subcommands and `export`, and the project's defaults: 30 epochs,
     the default callbacks (lit_cli/defaults.py), bf16 mixed precision on GPUs that have it. A fit
-    ends with a test, where the model has one, and a record (results.json) whatever it does.
+    ends with a test, where the model has one; every stage that starts writes its record
+    (RunRecord: results.json), and `record` is the last one.
 
     Args:
-        args: the command line (default: sys.argv[1:]), short forms and all.
+        args: the command line (default: sys.argv[1:]), written out by lit_cli/command_line.py.
         callbacks: callbacks of the caller's, added to the Trainer's (sweep.py's pruner).
         run: run the subcommand (LightningCLI's `run`); false builds the trainer, model and data
             module of a fit's command line, and stops there.
@@ -50,124 +66,133 @@ class TrainCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
                  run: bool = True):
-        self.stops, self.fitted, self.best, self.results = signals.Stops(), False, None, {}
-        self.runs_subcommand, self.claim = run, None
-        # At each run, not once at import: a caller's warnings.catch_warnings (a test's, a
-        # notebook's) drops on leaving it the filters that were set inside it.
-        noise.silence()
+        quiet()  # at each run: a caller's warnings.catch_warnings drops filters set inside it
+        self.args = command_line.expand(list(sys.argv[1:] if args is None else args))
+        self.recorder = RunRecord()
+        resumed = self.args[0] == "fit" and runs.option(self.args, "--ckpt_path") is not None
+        saved = {"config_filename": "config-resumed.yaml", "overwrite": True} if resumed else {}
+        kwargs = {"exit_on_error": False, "description": DESCRIPTION}  # errors in one line
         try:
-            self.stops.start()
-            args = command_line.expand(list(sys.argv[1:] if args is None else args))
-            self.command = args[0]
-            # jsonargparse's errors raised, not printed with a usage: main() says them.
-            usage = {"usage": command_line.usage(), "description": command_line.DESCRIPTION,
-                     "exit_on_error": False}
             super().__init__(
-                L.LightningModule, subclass_mode_model=True, subclass_mode_data=True,
-                trainer_class=Trainer, save_config_callback=runs.SaveConfig, args=args, run=run,
-                trainer_defaults={"max_epochs": 30,
-                                  "callbacks": [*(callbacks or []), signals.HeldStop(self.stops)]},
-                seed_everything_default=0, save_config_kwargs={"save_to_log_dir": False},
-                parser_kwargs={**usage, **{command: usage for command in self.subcommands()}})
-        except BaseException as e:
-            if self.claim is not None:  # of a command that wrote no checkpoint
-                self.claim.give_back()
-            stop = signals.as_stop(self, self.stops, e)
-            if stop is None:
+                L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
+                subclass_mode_data=True, trainer_class=Trainer, save_config_kwargs=saved,
+                trainer_defaults={"max_epochs": 30, "callbacks": [*(callbacks or []),
+                                                                  self.recorder]},
+                seed_everything_default=0, args=self.args if run else self.args[1:], run=run,
+                parser_kwargs={**kwargs, **{name: kwargs for name in command_line.SUBCOMMANDS}})
+        except (SystemExit, KeyboardInterrupt) as e:
+            by = self.stopped_by(e)
+            if by is None:
                 raise
-            raise stop from None
-        finally:
-            self.stops.stop()
+            raise Stopped(self.where(by), {"Ctrl-C": 130, "SIGTERM": 143}[by]) from None
 
-    def subcommands(self) -> dict[str, set[str]]:
-        """The subcommand this command line runs, of LightningCLI's and `export`: a parser for
-        each of the others would be built and never used (docs/design.md)."""
-        return {self.command: command_line.SUBCOMMANDS[self.command]}
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return command_line.SUBCOMMANDS
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"trainer.callbacks": defaults.DEFAULT_CALLBACKS})
+        parser.set_defaults({"trainer.callbacks": defaults.CALLBACKS})
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """The command line, its short forms written out (command_line.expand), with the
-        model's option rules (model_options) applied."""
-        if not self.runs_subcommand:  # a parser without subcommands: a fit's options alone
-            args = args[1:]
         self.config = parser.parse_args(args)
-        # The subcommand's options (all of them without subcommands).
         self.given = self.config.get(self.config.get("subcommand") or "fit") or self.config
-        self.given.seed_everything = command_line.seed(self.given.seed_everything)
-        model_options.lightnings_flags_as_the_models(self.given)
-        model = self.given.model.get("init_args") or Namespace()
-        model_options.from_own_defaults(model, command_line.classes_given(args))
-        model_options.one_learning_rate(model)
+        command_line.from_own_defaults(self.given, self.args)
+        command_line.lightnings_flags_as_the_models(self.given)
 
     def _parse_ckpt_path(self) -> None:
-        """Nothing: command_line.expand has put the checkpoint's model beneath the command line.
+        """Nothing: command_line.expand has put the checkpoint's model beneath the command line;
         Lightning's puts it over the command line, replacing options the user gave
         (Lightning-AI/pytorch-lightning#21455; docs/design.md)."""
 
     def before_instantiate_classes(self) -> None:
         trainer = self.given.trainer
-        trainer.callbacks = defaults.without_those_that_step_aside(trainer, self.given.model)
+        trainer.callbacks = defaults.step_aside(trainer, self.given.model)
         defaults.on_gpus(trainer)
 
-    def instantiate_classes(self) -> None:
-        try:
-            super().instantiate_classes()
-        except (ValueError, TypeError) as e:  # a class that cannot be built from its arguments
-            if errors.explain(e)[0] is not None:
-                raise
-            raise UsageError(f"the command line does not build: {e}") from e
-
     def after_instantiate_classes(self) -> None:
-        ours = isinstance(self.model, ImageClassifier)
         # The network now, sized from the data, not when fitting starts: callbacks such as
         # StochasticWeightAveraging copy the model before its configure_model runs.
-        if ours and self.datamodule is not None:
+        if isinstance(self.model, ImageClassifier) and self.datamodule is not None:
             self.model.take_from_data(self.datamodule, statistics=False)
-        check_command(self)
-        defaults.on_the_trainer(self.trainer, self.given.trainer.logger)
-        self.checkpoint = None
-        if self.given.get("ckpt_path"):  # edited by hand: refused before anything starts
-            self.checkpoint = runs.read_checkpoint(Path(self.given.ckpt_path))
-            if ours:
-                self.model.check_weights(self.checkpoint["state_dict"])
-
-    def before_fit(self) -> None:
-        if self.checkpoint is not None:
-            runs.stop_if_finished(self.given.ckpt_path, self.checkpoint, self.trainer.max_epochs)
-        self.claim = runs.claim(self.trainer.logger)
-        self.fit_started = time.perf_counter()
-        self.stops.hold()
+        if self.datamodule is None and not is_overridden("train_dataloader", self.model):
+            raise UsageError(f"{type(self.model).__name__} has no data: give --data and a "
+                             f"LightningDataModule (MNISTDataModule, or the class path of yours)")
+        defaults.on_the_trainer(self.trainer)
 
     def after_fit(self) -> None:
-        """Test the best checkpoint (the last weights without one); the record of the fit in
-        results.json, whatever its test does."""
-        self.stops.release()
-        self.fitted = True
-        trainer = self.trainer
-        fit = record.of_the_fit(trainer, time.perf_counter() - self.fit_started)
-        signals.raise_if_asked(trainer)  # after the last step, where the test would forget it
-        monitored = sorted(trainer.checkpoint_callbacks, key=lambda c: not c.monitor)
-        self.best = next((c.best_model_path for c in monitored), "") or None
-        try:
-            tested = record.test_after_fit(self)
-        except BaseException as e:
-            tested = {"test": record.failure(e)}
-            raise
-        finally:
-            self.results = record.record(self, "fit", tested, self.best, fit)
+        """Test the best checkpoint (the last weights where there is none), where the model has a
+        test_step and the data a test split; then the run's line."""
+        has_test = is_overridden("test_step", self.model) and self.datamodule is not None
+        if has_test and is_overridden("test_dataloader", self.datamodule):
+            best = next((c.best_model_path for c in self.trainer.checkpoint_callbacks
+                         if c.monitor and c.best_model_path), None)
+            self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best,
+                              verbose=self.given.trainer.enable_progress_bar is not False)
+        self.say()
 
-    def before_test(self) -> None:
-        self.claim = runs.claim(self.trainer.logger)
-        self.stops.hold()
+    def say(self) -> None:
+        """The record's line: the model, the data, the metrics it logged, where its run is."""
+        self.record = self.recorder.record
+        if self.record is not None and self.trainer.is_global_zero:
+            print(summary(self.record), flush=True)
 
-    def after_test(self) -> None:
-        self.stops.release()
-        metrics = record.metrics(self.trainer, self.model, self.subcommand)
-        self.results = record.record(self, self.subcommand, metrics, self.given.ckpt_path, {})
+    after_test = after_validate = say
 
-    before_validate, after_validate = before_test, after_test
+    def stopped_by(self, error: BaseException) -> str | None:
+        """"SIGTERM" or "Ctrl-C" where a signal ended the command, else None."""
+        trainer = getattr(self, "trainer", None)
+        last = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, LastCheckpoint)]
+        by = last[0].stopped_by if last else None
+        if isinstance(error, KeyboardInterrupt) or by == "Ctrl-C" and error.code == 1:
+            return "Ctrl-C"  # Lightning ends a second Ctrl-C in a stage with exit(1)
+        if isinstance(error, SIGTERMException):
+            return by or "SIGTERM"
+        return None
+
+    def where(self, by: str) -> str:
+        """The one line of a command stopped by a signal: where, what was saved, how to go on."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return f"stopped by {by} before the command started; nothing was written"
+        fn = trainer.state.fn.value
+        last = [c.saved_on_stop for c in trainer.callbacks if isinstance(c, LastCheckpoint)]
+        if fn == "fit" and any(last):
+            return (f"stopped by {by} in epoch {trainer.current_epoch} at step "
+                    f"{trainer.global_step}; saved {last[0]}: add --ckpt_path {last[0]} to the "
+                    f"same command to go on")
+        if fn == "fit":
+            return f"stopped by {by} in epoch {trainer.current_epoch}; no checkpoint was written"
+        return f"stopped by {by} while {fn.rstrip('e')}ing; what it wrote before is whole"
+
+
+def summary(record: dict) -> str:
+    """`ImageClassifier(TutorialMLP) on mnist: test/acc 0.9712, val/acc_best 0.9730 after 3
+    epochs (fit in 12.3 s) on cpu; logs in lightning_logs/version_0`: the accuracies the module
+    logged, under its names (its losses where it logged no accuracy)."""
+    metrics = {k: v for k, v in record["metrics"].items() if "class" not in k}
+    shown = [k for k in sorted(metrics) if "acc" in k and k.startswith(("test", "val"))]
+    shown = shown or [k for k in sorted(metrics) if "loss" in k and not k.startswith("train")]
+    said = ", ".join(f"{k} {metrics[k]:.4f}" for k in shown if metrics[k] is not None)
+    model = record["model"] + (f"({record['network']})" if record["network"] else "")
+    source = f"of {record.get('tested')}"
+    if record["stage"] == "fit":
+        source = f"after {record['epochs']} epochs (fit in {record['fit_seconds']:.1f} s)"
+    return (f"{model} on {record['data']}: {said or 'no metrics logged'} {source} on "
+            f"{record['device']}; logs in {record['log_dir']}")
+
+
+def quiet() -> None:
+    """Silence QUIET's warnings, and Lightning's advertisements for its cloud services."""
+    for message in QUIET:
+        warnings.filterwarnings("ignore", message=message)  # replaces the same filter
+    for package in ("pytorch", "fabric"):
+        logger = logging.getLogger(f"lightning.{package}.utilities.rank_zero")
+        logger.filters = [f for f in logger.filters if not isinstance(f, NoTips)] + [NoTips()]
+
+
+class NoTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         TrainCLI([a for a in argv if a != "--verbose"])
-    except (SystemExit, Exception) as e:
+    except (SystemExit, Exception, KeyboardInterrupt) as e:
         return errors.exit_code(e, verbose="--verbose" in argv)
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -185,9 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command() -> NoReturn:
-    """`lit-train ARGS`, the installed command, as `python train.py ARGS`: main(), then the
-    process's end (lit_common.process.exit_with)."""
-    exit_with(main())
+    """`lit-train ARGS`, the installed command, as `python train.py ARGS`."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

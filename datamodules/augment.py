@@ -1,5 +1,5 @@
 """Augmentations of a whole uint8 batch where it lies (CPU or GPU): a few batched tensor ops, each
-image drawn its own way from one generator, no host sync."""
+image drawn its own way from one generator, no host sync; and the seeds they are drawn from."""
 
 import torch
 import torch.nn.functional as F
@@ -36,3 +36,21 @@ def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     """Mirror each image of a batch left-right with probability 1/2."""
     flip = torch.rand(len(images), 1, 1, 1, device=images.device, generator=generator) < 0.5
     return torch.where(flip, images.flip(3), images)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values: int) -> int:
+    """One 63-bit seed from several integers (splitmix64), for torch.Generator.manual_seed.
+
+    Any seed, epoch and batch numbers, without overflow, and well apart for neighbours: seed 1 at
+    step 0 and seed 0 at step 1 give unrelated streams, where a sum would give the same one.
+    """
+    state = 0
+    for value in values:
+        state = (state + (value & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1

@@ -11,8 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from datamodules.augment import random_crop, random_flip
-from lit_common.seeds import mix_seed
+from datamodules.augment import mix_seed, random_crop, random_flip
 
 
 class DataError(RuntimeError):

@@ -15,8 +15,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.base import DataError, DiskImages, ImageDataModule
+from datamodules.files import written_whole
 from datamodules.images import DECODER_VERSION, ImageFiles, list_images, some
-from lit_common.files import written_whole
 
 
 def decode_files(paths: list[Path], channels: int,

@@ -12,7 +12,7 @@ import torch
 from torchvision.datasets import MNIST, FashionMNIST
 
 from datamodules.base import DataError, ImageDataModule, download_error, unwritable
-from lit_common.files import written_whole
+from datamodules.files import written_whole
 
 IDX_BYTES = 0x08  # an IDX file's type code for unsigned bytes, MNIST's
 

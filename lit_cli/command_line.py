@@ -1,25 +1,27 @@
-"""The command line's short forms, written out as LightningCLI parses them (README.md: Train, Use).
+"""What train.py does to its command line before and after LightningCLI parses it (README.md:
+Train, Use): three rules that write it out, and one that reads the parsed configuration.
 
-LightningCLI takes subcommands, class paths and `--config FILE`; these are the few things it cannot
-do by itself, and the one place where train.py reads its command line before LightningCLI does.
+1. No subcommand: `fit`.
+2. `--model NAME` is the recipe configs/NAME.yaml, read where it stands (`--config`); a command
+   line that names no model, configuration or checkpoint gets the recipe cnn.
+3. `--ckpt_path best|last|RUN` names one file of one run, and brings what the run was (runs.py).
+
+And a class named on the command line (`--data X`, `--model.net X`, `--optimizer X`, ...) starts
+from its own defaults, not from the settings that a configuration before it gave another class
+(jsonargparse keeps those the new class also takes: omni-us/jsonargparse#460), unless it
+extends that class (`--data FashionMNISTDataModule` after the MNIST recipe keeps its settings).
 """
 
 import importlib.util
-import itertools
-import json
-import os
-import random
-from contextlib import suppress
+import inspect
 from pathlib import Path
 
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_only
 
-import datamodules
 from lit_cli import runs
 from lit_cli.errors import UsageError
-from lit_models import NETWORKS, ImageClassifier
 from lit_models.networks import import_class
 
 
@@ -36,14 +38,11 @@ def recipes_folder() -> Path:
 RECIPES = recipes_folder()
 # Each subcommand, and the arguments of its Trainer method that are not options (LightningCLI's).
 SUBCOMMANDS = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
-DEFAULT_RECIPE = "cnn"
-DESCRIPTION = ("Train, test and use image classifiers with LightningCLI (README.md has the whole "
-               "path). The model's options: --model.help ImageClassifier (or a LightningModule of "
-               "yours); its network's: --model.net.help mlp (or cnn, or a class).")
-
-# The classes a short name stands for, by the option that takes it.
-SHORT_NAMES = {"--data": datamodules.DATA, "--data.help": datamodules.DATA,
-               "--model.net": NETWORKS, "--model.net.help": NETWORKS}
+# The options that name a class, and where the parsed configuration holds it.
+CLASS_OPTIONS = {"--model": "model", "--data": "data", "--optimizer": "optimizer",
+                 "--lr_scheduler": "lr_scheduler", "--model.net": "model.init_args.net",
+                 "--model.optimizer": "model.init_args.optimizer",
+                 "--model.scheduler": "model.init_args.scheduler"}
 
 
 def recipes() -> list[str]:
@@ -51,172 +50,112 @@ def recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
-def usage() -> str:
-    """train.py's usage line, with the names it knows."""
-    return (f"train.py [{'|'.join(SUBCOMMANDS)}] [--model {'|'.join(recipes())}] "
-            f"[--data {'|'.join(datamodules.DATA)}] [--config FILE] [--ckpt_path CKPT] "
-            f"[--trainer.*] [--model.*] [--data.*]")
-
-
 def expand(argv: list[str]) -> list[str]:
-    """`argv` with its short forms written out:
-
-    - no subcommand: `fit`;
-    - `--model NAME`: the recipe `--config configs/NAME.yaml`, before the other options, so that
-      they override it; without one (and no `--config` naming a model), configs/cnn.yaml;
-    - `--data NAME`, `--model.net NAME`, and their `.help NAME`: the class's import path;
-    - `--inputs A B ...` (predict): the list [A, B, ...];
-    - `--ckpt_path best|last|RUN`: the checkpoint file, after its run's config.yaml (runs.replay;
-      a fit given a `--config` or `--model` of its own takes that instead).
-    """
-    subcommand, args = split_subcommand(argv)
-    given_recipes, args = written_out(args)
-    models = [sets_model(config) for config in configs(args)]
-    spec = runs.option(args, "--ckpt_path")[0]
-    model_given = runs.option(args, "--model")[0] is not None
-    configured = bool(given_recipes) or bool(models) or model_given
+    """`argv` as LightningCLI parses it: the three rules applied."""
+    subcommand, args = "fit", list(argv)
+    if args and args[0] in SUBCOMMANDS:
+        subcommand, args = args[0], args[1:]
+    elif args and not args[0].startswith("-"):
+        raise UsageError(f"unknown subcommand '{args[0]}'; choose one of: {', '.join(SUBCOMMANDS)}")
+    args = [arg for option, value in pairs(args) for arg in recipe(option, value)]
+    spec = runs.option(args, "--ckpt_path")
+    configured = any(names_model(option, value) for option, value in pairs(args))
+    helped = "-h" in args or "--help" in args
     if spec is not None:
-        base, args = runs.replay(subcommand, spec, args, configured)
-    elif "-h" in args or "--help" in args:
-        base = []
-    elif subcommand != "fit":
+        args = runs.replay(subcommand, spec, args, configured)
+    elif subcommand != "fit" and not helped:
         raise UsageError(f"{subcommand} needs --ckpt_path: a checkpoint file, a run folder, or "
                          f"best/last")
-    else:
-        base = default_recipe(given_recipes + models, args)
-    return [subcommand, *base, *given_recipes, *args]
+    elif not (configured or helped):
+        args = ["--config", str(RECIPES / "cnn.yaml"), *args]
+    return [subcommand, *args]
 
 
-def seed(given: int | bool) -> int | bool:
-    """The seed `--seed_everything` gives: a whole number from 0 to 2**32 - 1 as it is, true a
-    random one (random_seed), false none; a UsageError for any other number."""
-    if given is True:
-        return random_seed()
-    if given is not False and not 0 <= given < 2**32:
-        raise UsageError(f"--seed_everything {given}: a seed is a whole number from 0 to "
-                         f"{2**32 - 1}, or true for a random one")
-    return given
-
-
-def random_seed() -> int:
-    """What `--seed_everything true` means: a random seed (Lightning 2.6's seed_everything(None)
-    takes 0), the same in the processes Lightning starts for DDP, which inherit it as
-    PL_GLOBAL_SEED."""
-    inherited = os.environ.get("PL_GLOBAL_SEED")
-    if rank_zero_only.rank and inherited:
-        return int(inherited)
-    return random.randint(1, 2**31 - 1)
-
-
-def split_subcommand(argv: list[str]) -> tuple[str, list[str]]:
-    if argv and argv[0] in SUBCOMMANDS:
-        return argv[0], argv[1:]
-    if argv and not argv[0].startswith("-"):
-        raise UsageError(f"unknown subcommand '{argv[0]}'; choose one of: {', '.join(SUBCOMMANDS)}")
-    return "fit", argv
-
-
-def written_out(args: list[str]) -> tuple[list[str], list[str]]:
-    """The `--config` of each recipe `--model NAME` names, and the other arguments with their short
-    class names written out."""
-    found, out, i = [], [], 0
+def pairs(args: list[str]):
+    """The command line as (option, value) pairs: `--key=value` and `--key value` alike; a lone
+    argument is an option without a value."""
+    i = 0
     while i < len(args):
         key, eq, value = args[i].partition("=")
-        if key == "--inputs":  # files, folders and globs, as a shell gives them: a list
-            files = list(itertools.takewhile(is_value, args[i + 1:]))
-            if eq:
-                files = [value]
-            out.append(f"--inputs={json.dumps(files)}")
-            i += 1 + len(files) * (not eq)
-            continue
-        short = key == "--model" or key in SHORT_NAMES
-        if not short or not (eq or i + 1 < len(args)):
-            out.append(args[i])
-            i += 1
-            continue
-        if not eq:
-            value = args[i + 1]
-        i += 2 - bool(eq)
-        if key == "--model" and value in recipes():
-            found += ["--config", str(RECIPES / f"{value}.yaml")]
+        takes_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
+        if takes_next and key.startswith("-"):
+            yield key, args[i + 1]
+            i += 2
         else:
-            out.append(f"{key}={class_path(key, value)}")
-    return found, out
+            yield (key, value) if eq else (args[i], None)
+            i += 1
 
 
-def is_value(arg: str) -> bool:
-    return not arg.startswith("-")
-
-
-def class_path(key: str, value: str) -> str:
-    """The import path a short name stands for; a class path, a class name or a dict as given."""
-    names = SHORT_NAMES.get(key, {})
-    if value in names:
-        return f"{names[value].__module__}.{names[value].__qualname__}"
-    looks_like_a_class = "." in value or value.lstrip().startswith("{")
-    if key != "--model.net" and value[:1].isupper():  # jsonargparse finds a subclass by its name
-        looks_like_a_class = True
-    if looks_like_a_class:
-        return value
-    known = list(names) or recipes()  # --model NAME: the recipes
-    option = key.removesuffix(".help")
-    raise UsageError(f"unknown {option} '{value}'; choose one of: {', '.join(known)} "
-                     f"(or a class path)")
-
-
-def default_recipe(named: list, args: list[str]) -> list[str]:
-    """The default recipe, beneath a command line that names no model of its own (`named`: the
-    recipes it gives, and whether each `--config` names a model): nothing, a `--config` of a few
-    trainer options, or a subclass of ImageClassifier (`--model my_losses.Focal`: the recipe's
-    settings apply to it too). A LightningModule of the user's runs with its own defaults."""
-    if any(named):
-        return []
-    model = runs.option(args, "--model")[0]
-    if model is not None and not extends_ours(model):
-        return []
-    return ["--config", str(RECIPES / f"{DEFAULT_RECIPE}.yaml")]
-
-
-def extends_ours(class_path: str) -> bool:
-    """Whether a model's class path names ImageClassifier or a subclass of it; True where it does
-    not import (jsonargparse then says why)."""
-    with suppress(ImportError, AttributeError, ValueError, TypeError):
-        return issubclass(import_class(class_path), ImageClassifier)
-    return True
-
-
-def configs(args: list[str]) -> list[str]:
-    """The files `--config` (or `-c`) names."""
-    found = [b for a, b in zip(args, args[1:]) if a in ("--config", "-c")]
-    return found + [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-c="))]
-
-
-def sets_model(config: str) -> bool:
-    """Whether a `--config` file names a model (True where it cannot be read: jsonargparse then
-    says why); a UsageError for one that is not text (jsonargparse's reader would end in a
-    UnicodeDecodeError's traceback)."""
-    try:
-        text = Path(config).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"--config {config}: not a YAML or JSON text file ({e.reason} at byte "
-                         f"{e.start})") from None
-    except OSError:
+def names_model(option: str, value: str | None) -> bool:
+    """Whether an option names the model: `--model`, or a configuration file with a `model` (or
+    one jsonargparse will say it cannot read)."""
+    if option == "--model":
         return True
-    with suppress(yaml.YAMLError, TypeError, AttributeError):
-        return "model" in (yaml.safe_load(text) or {})
-    return True
+    if option not in ("--config", "-c") or value is None:
+        return False
+    try:
+        return "model" in (yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError):
+        return True
 
 
-def classes_given(args: list[str]) -> dict[str, tuple[str, set[str]]]:
-    """The parts of the model (`net`, `optimizer`, `scheduler`) that the written-out command line
-    names as a class: the class, and the settings of it the command line also gives. A class
-    named there starts from its own defaults (model_options.from_own_defaults)."""
-    keys = [a.partition("=")[0] for a in args if a.startswith("--model.")]
-    given = {}
-    for part in ("net", "optimizer", "scheduler"):
-        chosen = runs.option(args, f"--model.{part}")[0]
-        if chosen is None or chosen.lstrip().startswith("{"):
+def recipe(option: str, value: str | None) -> list[str]:
+    """One option written out: `--model NAME` as the recipe's `--config`, anything else as it is."""
+    if value is None:
+        return [option]
+    if option != "--model" or "." in value or value[:1].isupper() or value.startswith("{"):
+        return [f"{option}={value}"]
+    if value not in recipes():
+        raise UsageError(f"unknown recipe '{value}' (--model NAME is configs/NAME.yaml); choose "
+                         f"one of: {', '.join(recipes())}, or give a class path")
+    return ["--config", str(RECIPES / f"{value}.yaml")]
+
+
+def from_own_defaults(config: Namespace, args: list[str]) -> None:
+    """Each class the written-out command line `args` names for an option (CLASS_OPTIONS) reset to
+    its own defaults, but for the settings given after it, unless it extends the class that the
+    configuration files before it gave that option."""
+    for i, (option, value) in enumerate(pairs(args)):
+        key = CLASS_OPTIONS.get(option)
+        spec = config.get(key) if key else None
+        if not isinstance(spec, Namespace) or not isinstance(spec.get("init_args"), Namespace):
             continue
-        prefix = f"--model.{part}."
-        given[part] = (chosen, {k.removeprefix(prefix) for k in keys if k.startswith(prefix)})
-    return given
+        given = {k.removeprefix(option + ".") for k, _ in list(pairs(args))[i + 1:]}
+        cls = import_class(spec.class_path)
+        before = class_before(key, list(pairs(args))[:i])
+        if before is not None and issubclass(cls, before):
+            continue
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        for name in spec.init_args.keys():
+            if name in defaults and name not in given:
+                spec.init_args[name] = defaults[name]
+
+
+def class_before(key: str, before: list[tuple[str, str | None]]) -> type | None:
+    """The class that the last configuration file among the options `before` gives `key`."""
+    found = None
+    for option, value in before:
+        if option not in ("--config", "-c") or value is None:
+            continue
+        try:
+            node = yaml.safe_load(Path(value).read_text(encoding="utf-8"))
+            for part in key.split("."):
+                node = node[part]
+            found = import_class(node["class_path"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ImportError, AttributeError):
+            continue
+    return found
+
+
+def lightnings_flags_as_the_models(config: Namespace) -> None:
+    """LightningCLI's `--optimizer` and `--lr_scheduler` as the model's own `optimizer` and
+    `scheduler` where it takes them (ImageClassifier): what they name is what runs, planned over
+    the run by the model, the optimizer's `lr` the one learning rate and a ReduceLROnPlateau's
+    `monitor` kept; config.yaml records them there. A model without them gets LightningCLI's
+    (its configure_optimizers replaced, as LightningCLI documents)."""
+    init = config.model.get("init_args")
+    for flag, option in {"optimizer": "optimizer", "lr_scheduler": "scheduler"}.items():
+        if config.get(flag) is not None and isinstance(init, Namespace) and option in init:
+            init[option], config[flag] = config[flag], None
+

@@ -11,13 +11,17 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from datamodules import DataError
 from lit_models import ModelError
 
+# The install command of the packages of each optional part (pyproject.toml's extras).
+EXTRAS = {"onnx": "export", "onnxruntime": "export", "onnxscript": "export", "optuna": "sweep",
+          "optuna_integration": "sweep", "pandas": "sweep", "psycopg": "sweep"}
+
 
 class UsageError(Exception):
     """A command line that cannot run (exit code 2)."""
 
 
 class Stopped(Exception):
-    """A run stopped by a signal; the message says where, and how to go on."""
+    """A command stopped by a signal; the message says where, and how to go on."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
@@ -25,7 +29,8 @@ class Stopped(Exception):
 
 
 # The exit code of each kind of error a user can act on.
-EXIT_CODES = {UsageError: 2, MisconfigurationException: 2, DataError: 1, ModelError: 1}
+EXIT_CODES = {Stopped: None, UsageError: 2, ArgumentError: 2, MisconfigurationException: 2,
+              DataError: 1, ModelError: 1}
 
 
 def explain(error: BaseException) -> tuple[int | None, str]:
@@ -42,51 +47,31 @@ def explain(error: BaseException) -> tuple[int | None, str]:
 
 def known(e: BaseException) -> tuple[int, str] | None:
     """The exit code and line for one error, if it is one a user can act on."""
-    if isinstance(e, Stopped):
-        return e.exit_code, str(e)
-    if isinstance(e, ArgumentError):  # jsonargparse's: the command line's, in its own words
-        return 2, not_found(e) or str(e)
     for kind, code in EXIT_CODES.items():
         if isinstance(e, kind):
-            return code, str(e)
+            return getattr(e, "exit_code", code), str(e).strip().splitlines()[0]
     if isinstance(e, torch.OutOfMemoryError):
-        return 1, ("out of memory on the device: try a smaller --data.batch_size (or "
-                   "--data.on_device false)")
-    if isinstance(e, MemoryError):
-        return 1, ("out of memory in this machine's RAM: try a smaller --data.image_size or "
-                   "fewer images")
-    if isinstance(e, ModuleNotFoundError):
-        if not e.name:
-            return 1, str(e)
-        return 1, f"this needs the package '{e.name}' (pip install {e.name})"
+        return 1, "out of memory on the device: try a smaller --data.batch_size"
+    if isinstance(e, ModuleNotFoundError) and e.name:
+        top = e.name.split(".")[0]
+        install = f"pip install -e '.[{EXTRAS[top]}]'" if top in EXTRAS else f"pip install {top}"
+        return 1, f"this needs the package '{top}': {install}"
     if isinstance(e, OSError) and e.strerror:
         return 1, f"{e.strerror}: {e.filename or ''}"
     return None
 
 
-def not_found(error: ArgumentError) -> str | None:
-    """What to say of a class path that names a module Python cannot find, among the causes of
-    jsonargparse's error (it lists what each alternative of a type said, at length)."""
-    e = error
-    while e is not None and not isinstance(e, ModuleNotFoundError):
-        e = e.__cause__ or e.__context__
-    if e is None or not e.name:
-        return None
-    return (f"no module named '{e.name}': a module of your own is found on the PYTHONPATH "
-            f"(PYTHONPATH=. python train.py ..., where {e.name}.py lies in .), and an "
-            f"installed package's class by its import path")
-
-
 def exit_code(error: BaseException, verbose: bool = False) -> int:
     """The exit code of what ended a command, with its one line (and the traceback of a bug, or
     of anything with `verbose`) on stderr."""
-    # jsonargparse's help (0) or error (2), Lightning's end of a Ctrl-C (1), a finished run (0)
+    # jsonargparse's help (0), Lightning's end of a KeyboardInterrupt (1)
     if isinstance(error, SystemExit):
-        return error.code if isinstance(error.code, int) else 0  # None: Lightning's SIGTERM
+        return error.code if isinstance(error.code, int) else 0
     code, message = explain(error)
     if code is None or verbose:
         traceback.print_exception(error)
     if code is None:
         return 1
-    print(f"train.py: error: {message}", file=sys.stderr)
+    said = message if isinstance(error, Stopped) else f"error: {message}"
+    print(f"train.py: {said}", file=sys.stderr)
     return code

@@ -1,5 +1,4 @@
-"""The Trainer train.py runs: Lightning's, with what its use commands add, and the strategies it
-cannot run.
+"""The Trainer train.py runs: Lightning's, with what its use commands add.
 
 LightningCLI makes a subcommand's options of the Trainer method of that name: `predict`'s
 `--inputs` and `--output`, and `export` as a subcommand of its own (LightningCLI's
@@ -7,13 +6,10 @@ LightningCLI makes a subcommand's options of the Trainer method of that name: `p
 """
 
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
-from jsonargparse import Namespace
-from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from datamodules import DATA, ImageDataModule
 from lit_cli.errors import UsageError
 from lit_cli.runs import read_checkpoint
 from lit_models import ImageClassifier
@@ -23,8 +19,6 @@ from lit_models import predict as predict_files
 
 class Trainer(L.Trainer):
     """Lightning's Trainer; `predict` writes a CSV file, and `export` writes a servable file."""
-
-    wrote = None  # the record, predictions or export written whole, for the line of a stop
 
     def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None,
                 ckpt_path=None, weights_only=None, inputs: list[str] | None = None,
@@ -51,7 +45,8 @@ class Trainer(L.Trainer):
                                weights_only=weights_only, return_predictions=return_predictions)
 
     def export(self, model: L.LightningModule, datamodule: L.LightningDataModule | None = None,
-               ckpt_path: str | None = None, format: str = "onnx", output: str | None = None,
+               ckpt_path: str | None = None,
+               format: Literal["onnx", "torchscript", "pt2"] = "onnx", output: str | None = None,
                weights_only: bool | None = None) -> dict:
         """Export a checkpoint's model for serving, checked against it on test images.
 
@@ -62,54 +57,5 @@ class Trainer(L.Trainer):
             weights_only: as Lightning's other subcommands take it (checkpoints of this project
                 load with torch's weights_only=True in any case).
         """
-        if format not in exports.FORMATS:
-            raise UsageError(f"--format {format}: choose one of {', '.join(exports.FORMATS)}")
-        if ckpt_path is None:
-            raise UsageError("export needs --ckpt_path: a checkpoint file, a run folder, or "
-                             "best/last")
         model.load_state_dict(read_checkpoint(Path(ckpt_path))["state_dict"])
-        exported = exports.export(model, datamodule, format, output, Path(ckpt_path))
-        self.wrote = exported["output"]
-        return exported
-
-
-# Strategies whose processes are started by this one's (Lightning's ddp_spawn, ddp_fork,
-# ddp_notebook), where `popen`, Lightning's ddp, runs the command again for each.
-STARTED_HERE = ("spawn", "fork", "forkserver")
-
-
-def check_strategy(strategy: str | Namespace) -> None:
-    """A UsageError for a strategy that runs the command in processes this one starts: they give
-    back the weights and the logged metrics only (Lightning's docs), and train.py tests and
-    records a fit, and claims its run, in the process that ran it."""
-    if isinstance(strategy, Namespace):
-        start_method = (strategy.get("init_args") or Namespace()).get("start_method")
-        named = f"{strategy.class_path} --trainer.strategy.start_method {start_method}"
-    else:
-        start_method = dict.get(StrategyRegistry, strategy, {}).get("init_params", {}).get(
-            "start_method")
-        named = strategy
-    if start_method in STARTED_HERE:
-        raise UsageError(f"--trainer.strategy {named}: its processes start from this one and "
-                         f"give back only the weights and metrics, where train.py records and "
-                         f"tests a run in the process that trained it; give ddp (for a script, "
-                         f"Lightning's choice)")
-
-
-def check_command(cli) -> None:
-    """A UsageError for a command that cannot run as given: a model without data, a strategy whose
-    processes start from this one (check_strategy), a use command in several processes, and
-    `use_distributed_sampler false` where the data shards itself."""
-    trainer, given, several = cli.trainer, cli.given.trainer, cli.trainer.world_size > 1
-    if cli.datamodule is None and not is_overridden("train_dataloader", cli.model):
-        raise UsageError(f"{type(cli.model).__name__} has no data: give --data NAME "
-                         f"({', '.join(DATA)}) or the class path of a LightningDataModule")
-    check_strategy(given.strategy)
-    if cli.subcommand not in (None, "fit") and several:
-        raise UsageError(f"{cli.subcommand} runs in one process: leave out "
-                         f"--trainer.devices/num_nodes/strategy")
-    shards_itself = isinstance(cli.datamodule, ImageDataModule) and trainer.world_size > 1
-    if shards_itself and given.use_distributed_sampler is False:
-        raise UsageError("--trainer.use_distributed_sampler false: the data modules share "
-                         "their batches among the processes themselves, as Lightning's "
-                         "DistributedSampler would; leave it true")
+        return exports.export(model, datamodule, format, output, Path(ckpt_path))

@@ -1,7 +1,7 @@
 """The LightningModule for image classification, the networks it wraps, and its schedule and
 callbacks."""
 
-from lit_models.callbacks import EMA, LastCheckpoint, TimedProgressBar, TrainingSpeed
+from lit_models.callbacks import EMA, LastCheckpoint, RunRecord, TrainingSpeed
 from lit_models.classifier import ImageClassifier, ModelError
 from lit_models.dashboards import Dashboards
 from lit_models.networks import NETWORKS, TutorialCNN, TutorialMLP
@@ -18,7 +18,7 @@ __all__ = [
     "NETWORKS",
     "OneCycle",
     "PatchWhitening",
-    "TimedProgressBar",
+    "RunRecord",
     "TrainingSpeed",
     "TutorialCNN",
     "TutorialMLP",

@@ -1,25 +1,38 @@
-"""Callbacks of the recipes: the latest checkpoint (also on SIGTERM), the training speed, a progress
-bar, EMA."""
+"""Callbacks of the recipes: the latest checkpoint (also where a signal stops a fit), the run's
+record, the training speed, EMA. The same from Python as from train.py."""
 
-import math
+import json
+import os
 import signal
 import sys
+import threading
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
+from lightning.pytorch.callbacks import ModelCheckpoint, WeightAveraging
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from datamodules.files import written_whole
+from lit_models.classifier import ImageClassifier
+from lit_models.tags import class_metrics
+
 
 class LastCheckpoint(ModelCheckpoint):
-    """`last.ckpt`: the end of the latest epoch, or where SIGTERM (pre-emption, `scancel`, the first
-    Ctrl-C of train.py) stopped a fit, between two steps or in a validation, where the state is
-    whole: `--ckpt_path last` goes on from there. Other exceptions save nothing (ModelCheckpoint's
-    `save_on_exception` would save a diverged model over a good one); ModelCheckpoint's own
-    `save_last` writes only in epochs that write a new best.
+    """`last.ckpt`: the end of the latest epoch, or where SIGTERM or Ctrl-C stopped a fit, at a
+    step's end or in a validation, where the state is whole: `--ckpt_path last` goes on from there.
+
+    The one place where a fit's signals are handled. SIGTERM (pre-emption, `scancel`) is
+    Lightning's: its loops stop at the step's end. The first Ctrl-C is a SIGTERM, the second
+    Lightning's KeyboardInterrupt (at once, nothing saved). With several processes, a signal that
+    reaches some of them (a node's torchrun passes it to its own only) is noted, and the processes
+    agree at each step's end to stop together: Lightning's handler, run where the signal lands,
+    broadcasts mid-step and hangs them (docs/multi-node.md). Other exceptions save nothing
+    (ModelCheckpoint's `save_on_exception` would save a diverged model over a good one).
 
     Args:
         filename: the checkpoint's name, without `.ckpt`.
@@ -27,50 +40,166 @@ class LastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, filename: str = "last", every_n_train_steps: int = 0):
-        super().__init__(
-            filename=filename,
-            monitor=None,
-            save_top_k=1,
-            enable_version_counter=False,
-            every_n_train_steps=every_n_train_steps or None,
-        )
+        super().__init__(filename=filename, monitor=None, save_top_k=1,
+                         enable_version_counter=False,
+                         every_n_train_steps=every_n_train_steps or None)
+        self.stopped_by: str | None = None  # "SIGTERM" or "Ctrl-C", once a fit stopped on one
         self.saved_on_stop: str | None = None
+        self.handlers: dict = {}
 
-    def on_exception(self, trainer, pl_module, exception):
-        # In validation too: Lightning resumes a fit in the middle of its validation as well.
-        self.saved_on_stop = None
-        # Before its first step (reading the data, the sanity check) a fit has nothing to go on
-        # from, and no folder of its own yet: the same command starts it again.
-        stepped = trainer.global_step > 0 and self.dirpath is not None
-        if isinstance(exception, SIGTERMException) and fitting(trainer) and stepped:
-            trainer.save_checkpoint(self.format_checkpoint_name({}), weights_only=False)
-            self.saved_on_stop = self.format_checkpoint_name({})
-
-    # Several processes: a SIGTERM that reaches some of them (a node's torchrun passes it to its own
-    # only) is noted, and Lightning's handler runs in every process at once at a step's end. Run
-    # where the signal lands, mid-step, its broadcast meets another collective: the processes hang
-    # and nothing is saved (docs/multi-node.md).
     def on_train_start(self, trainer, pl_module):
         super().on_train_start(trainer, pl_module)
-        self.sigterm, self.lightning_sigterm = False, None
+        self.stopped_by, self.saved_on_stop, self.noted = None, None, False
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python's handlers run in the main thread alone
+        self.lightning_sigterm = signal.getsignal(signal.SIGTERM)
+        self.handlers = {signal.SIGINT: signal.signal(signal.SIGINT, self.on_ctrl_c)}
         if trainer.world_size > 1:
-            self.lightning_sigterm = signal.signal(signal.SIGTERM, self.note_sigterm)
+            self.handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self.note_sigterm)
+
+    def on_ctrl_c(self, signum, frame):
+        if self.stopped_by == "Ctrl-C":
+            raise KeyboardInterrupt
+        self.stopped_by = "Ctrl-C"
+        print("\nStopping after this step (Ctrl-C again to stop at once) ...", file=sys.stderr,
+              flush=True)
+        signal.raise_signal(signal.SIGTERM)
 
     def note_sigterm(self, signum, frame):
-        self.sigterm = True
+        self.noted = True
+        self.stopped_by = self.stopped_by or "SIGTERM"
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.lightning_sigterm is None:
+        if signal.SIGTERM not in self.handlers:
             return
-        if trainer.strategy.reduce_boolean_decision(self.sigterm, all=False):
-            # Lightning's handler sets trainer.received_sigterm: Lightning stops after this step.
+        if trainer.strategy.reduce_boolean_decision(self.noted, all=False):
+            # Lightning's handler on every process at once: Lightning stops after this step.
             self.lightning_sigterm(signal.SIGTERM, None)
 
+    def teardown(self, trainer, pl_module, stage):
+        for signum, handler in self.handlers.items():
+            signal.signal(signum, handler)
+        self.handlers = {}
 
-def fitting(trainer) -> bool:
-    """In a fit's training or validation, not in its sanity check."""
-    return trainer.state.fn == "fit" and not trainer.sanity_checking
+    def on_exception(self, trainer, pl_module, exception):
+        # In validation too: Lightning resumes a fit in the middle of its validation as well.
+        # Before its first step a fit has nothing to go on from.
+        self.teardown(trainer, pl_module, "fit")
+        fitting = trainer.state.fn == "fit" and not trainer.sanity_checking
+        if isinstance(exception, SIGTERMException) and fitting and trainer.global_step > 0:
+            self.stopped_by = self.stopped_by or "SIGTERM"
+            self.saved_on_stop = self.format_checkpoint_name({})
+            trainer.save_checkpoint(self.saved_on_stop, weights_only=False)
+
+
+def run_folder(trainer) -> str | None:
+    """The run's own folder, where a logger made one: TensorBoard's and CSV's `log_dir`; for a
+    logger that keeps its runs elsewhere (MLflow, Weights & Biases), `save_dir/name/version`, where
+    Lightning puts the run's checkpoints. Lightning's `trainer.log_dir` is such a logger's
+    save_dir, which every run would share."""
+    if not trainer.loggers or trainer.fast_dev_run:  # Lightning's DummyLogger: no run folder
+        return None
+    logger = trainer.loggers[0]
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return trainer.log_dir  # (on every process: Lightning broadcasts it)
+    save_dir = logger.save_dir or trainer.default_root_dir
+    return str(Path(save_dir, str(logger.name), str(logger.version)).absolute())
+
+
+class RunRecord(L.Callback):
+    """results.json in the run's folder: what ran (the model's class, its network, the data, the
+    device, the seed) and what the module logged, under its own names, once a stage that started
+    ends, however it ends (finished, stopped, failed). A stage of a run that has a record adds to
+    it: a fit's test, a resumed fit. `record` is the last one written."""
+
+    def __init__(self):
+        self.record: dict | None = None
+        self.started, self.clock = False, 0.0
+
+    def setup(self, trainer, pl_module, stage):
+        self.started, self.clock = False, time.perf_counter()
+
+    def on_train_start(self, trainer, pl_module):
+        self.started = True
+
+    def on_validation_start(self, trainer, pl_module):
+        self.started = self.started or not trainer.sanity_checking
+
+    on_test_start = on_train_start
+
+    def on_fit_end(self, trainer, pl_module):
+        self.write(trainer, pl_module, "finished")
+
+    def on_test_end(self, trainer, pl_module):
+        self.write(trainer, pl_module, "finished")
+
+    def on_validation_end(self, trainer, pl_module):
+        if trainer.state.fn == "validate":
+            self.write(trainer, pl_module, "finished")
+
+    def on_exception(self, trainer, pl_module, exception):
+        if self.started:
+            stops = [c.stopped_by for c in trainer.callbacks if isinstance(c, LastCheckpoint)]
+            self.write(trainer, pl_module, status(exception, next(filter(None, stops), None)))
+
+    def write(self, trainer, pl_module, said: str) -> None:
+        folder = run_folder(trainer)
+        if folder is None or not trainer.is_global_zero:
+            return
+        path = Path(folder, "results.json")
+        record = {"metrics": {}}
+        if path.is_file():
+            record = json.loads(path.read_text(encoding="utf-8"))
+        stage = trainer.state.fn.value
+        if stage != "fit":
+            record["tested"] = trainer.ckpt_path or "the weights as trained"
+        if record.get("stage") == "fit":  # a fit's test, or a later one logged in its folder
+            stage = "fit"
+        data = trainer.datamodule
+        logged = {k: v.item() for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        record.update({
+            "model": type(pl_module).__name__, "network": getattr(pl_module, "net_name", None),
+            "data": getattr(data, "name", None) or type(data).__name__, "stage": stage,
+            "status": said, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
+            "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)), "log_dir": folder,
+            "device": str(trainer.strategy.root_device), "precision": str(trainer.precision),
+            "metrics": {**record["metrics"], **logged},
+        })
+        if trainer.state.fn == "fit":
+            record["ckpt_path"] = trainer.ckpt_path  # where it went on from
+            record["fit_seconds"] = round(time.perf_counter() - self.clock, 2)
+            best = [c.best_model_path for c in trainer.checkpoint_callbacks if c.monitor]
+            record["best_model_path"] = (best or [None])[0] or None
+        record.update(extras(pl_module, record["metrics"]))
+        # NaN as null: valid JSON; names as given, not as \u escapes.
+        text = json.dumps(json.loads(json.dumps(record), parse_constant=lambda nan: None),
+                          indent=2, ensure_ascii=False)
+        with written_whole(path) as tmp:
+            tmp.write_text(text + "\n", encoding="utf-8")
+        self.record = record
+
+
+def status(exception: BaseException, stopped_by: str | None = None) -> str:
+    """How a stage that raised `exception` ended, in a few words (`stopped_by`: the signal that
+    LastCheckpoint heard)."""
+    if isinstance(exception, SIGTERMException):
+        return f"stopped by {stopped_by or 'SIGTERM'}"
+    if isinstance(exception, KeyboardInterrupt):
+        return "stopped by Ctrl-C"
+    line = (str(exception).strip().splitlines() or [""])[0]
+    return f"failed: {type(exception).__name__}: {line}"
+
+
+def extras(pl_module, metrics: dict) -> dict:
+    """What ImageClassifier adds to its record: its per-class accuracies by the classes' exact
+    names (the metrics' tags are names made safe), and how a resumed fit went on."""
+    if not isinstance(pl_module, ImageClassifier):
+        return {}
+    named = class_metrics(pl_module.class_names, "test")
+    per_class = {name: metrics[tag] for tag, name in named.items() if tag in metrics}
+    resumed = pl_module.resumed.said() if pl_module.resumed is not None else None
+    return {"test/acc_per_class": per_class or None, "resumed": resumed}
 
 
 class TrainingSpeed(L.Callback):
@@ -86,9 +215,7 @@ class TrainingSpeed(L.Callback):
         self.epoch_seconds: list[float] = []
         self.images = 0
         # This epoch's seconds and images, and the clock while it runs.
-        self._seconds = 0.0
-        self._images = 0
-        self._start: float | None = None
+        self._seconds, self._images, self._start = 0.0, 0, None
 
     def _now(self, trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
@@ -104,7 +231,9 @@ class TrainingSpeed(L.Callback):
             self._start = self._now(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._images += batch_size(batch)
+        # A shape, not a value: no wait for the device.
+        self._images += len(batch[0]) if isinstance(batch, (list, tuple)) else extract_batch_size(
+            batch)
 
     def on_validation_start(self, trainer, pl_module):
         # The clock stops for validation, also mid-epoch (val_check_interval).
@@ -118,57 +247,8 @@ class TrainingSpeed(L.Callback):
             images = self._images * trainer.world_size
             self.epoch_seconds.append(self._seconds)
             self.images += images
-            pl_module.log_dict({
-                "train/epoch_seconds": self._seconds,
-                "train/images_per_second": images / self._seconds,
-            })
-
-    @property
-    def images_per_second(self) -> float:
-        """Over every epoch trained by this fit."""
-        if not self.epoch_seconds:
-            return 0.0
-        return self.images / sum(self.epoch_seconds)
-
-
-def batch_size(batch) -> int:
-    """A batch's images, from a shape, not a value (no wait for the device): (images, labels) as
-    the data modules give them, or what Lightning finds in any other batch."""
-    if isinstance(batch, (list, tuple)):
-        return len(batch[0])
-    return extract_batch_size(batch)
-
-
-class TimedProgressBar(TQDMProgressBar):
-    """Lightning's TQDMProgressBar, redrawn at most `refresh_seconds` apart, and at the end of each
-    bar: Lightning's redraw after every batch, a measurable share of a tutorial network's step
-    (docs/benchmarks.md), and in a file (SLURM, CI, nohup) every redraw stays.
-
-    Args:
-        refresh_seconds: the least time between two redraws; None: 0.1 in a terminal, 30 otherwise.
-    """
-
-    def __init__(self, refresh_seconds: float | None = None):
-        super().__init__()
-        if refresh_seconds is None:
-            # sys.stdout: where Lightning's bars write.
-            refresh_seconds = 0.1 if sys.stdout.isatty() else 30.0
-        self.refresh_seconds = refresh_seconds
-        self._drawn = -math.inf
-
-    def _should_update(self, current: int, total: int | None) -> bool:
-        # What Lightning's bar asks at every batch of every stage: a private method, which
-        # docs/design.md names.
-        now = time.monotonic()
-        if self.is_enabled and self._redraw_due(now, current, total):
-            self._drawn = now
-            return True
-        return False
-
-    def _redraw_due(self, now: float, current: int, total: int | None) -> bool:
-        """`refresh_seconds` since the last redraw, or the end of a bar of known length."""
-        at_end = total is not None and current >= total
-        return now - self._drawn >= self.refresh_seconds or at_end
+            pl_module.log_dict({"train/epoch_seconds": self._seconds,
+                                "train/images_per_second": images / self._seconds})
 
 
 class EMA(WeightAveraging):

@@ -11,8 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from lit_common import noise
-from lit_common.seeds import mix_seed
+from datamodules.augment import mix_seed
 from lit_models import checks, parts, predict, resume, schedules, test_time
 from lit_models.checks import ModelError
 from lit_models.networks import TutorialCNN
@@ -25,34 +24,30 @@ class ImageClassifier(L.LightningModule):
     """Cross-entropy classifier around a network (`--model RECIPE` of configs/;
     `ImageClassifier("mlp")` in Python).
 
-    The model owns its input: it takes uint8 images (N, C, H, W), 0..255, and normalises them with
-    its own mean and standard deviation, which it keeps (with the image shape and class names) in
-    every checkpoint, so that test, predict, `classify` and exported models see what training saw.
-    Float batches are refused (a ToTensor/Normalize pipeline would be normalised twice). What is not
-    given is taken from the data module: by train.py when it builds the model, by `take_from_data`,
-    or when fitting starts (`configure_model`).
+    It takes batches of images (N, C, H, W) and labels. uint8 images (0..255) it normalises with
+    its own mean and standard deviation, kept (with the image shape and class names) in every
+    checkpoint, so that test, predict, `classify` and exported models see what training saw. Float
+    images it takes as they are: a data module's ToTensor (and Normalize) made them what they are,
+    and normalising them again would be twice. What is not given is taken from the data module:
+    by train.py when it builds the model, by `take_from_data`, or when fitting starts
+    (`configure_model`).
 
     Args:
         net: the network, the LightningCLI way: a class (or a partial of one) taking (image_shape,
-            num_classes) and arguments of its own (`--model.net lit_models.TutorialMLP
-            --model.net.hidden 256`); a name in lit_models.networks.NETWORKS or an import path; or
-            `{class_path, init_args}`; None: the tutorial CNN. (None rather than a class as the
-            default: jsonargparse would carry the default class's settings over to the class a
-            recipe names.)
+            num_classes), or num_classes alone, and arguments of its own (`--model.net TutorialMLP
+            --model.net.hidden 256`); a name in lit_models.networks.NETWORKS or an import path;
+            or `{class_path, init_args}`; None: the tutorial CNN.
         image_shape: (channels, height, width) of the images; None: the data module's.
         num_classes: number of classes; None: the data module's.
         class_names: names of the classes; None: the data module's.
-        mean: per-channel mean of the input normalisation on the 0..1 scale; None: the data module's
-            (its training images'); the tutorials use 0.5.
-        std: per-channel standard deviation of the normalisation, likewise.
-        lr: the learning rate (the peak of a OneCycle schedule), which Lightning's learning-rate
-            finder sets; None: the optimizer's own. train.py refuses `--model.optimizer.lr` beside
-            it.
-        optimizer: any torch optimizer and its arguments (`--model.optimizer SGD
-            --model.optimizer.momentum 0.9`).
+        mean: per-channel mean of the normalisation of uint8 images, on the 0..1 scale; None: the
+            data module's (its training images'), or 0 where it has none; the tutorials use 0.5.
+        std: per-channel standard deviation of that normalisation, likewise (1 where none).
+        optimizer: any torch optimizer and its arguments, the learning rate among them
+            (`--model.optimizer SGD --model.optimizer.lr 0.05`, or LightningCLI's `--optimizer`).
         scheduler: the learning-rate schedule; one that takes `total_steps` (`--model.scheduler
             OneCycle`) is planned over the run's optimizer steps and stepped every step, others
-            every epoch; null: constant.
+            every epoch (ReduceLROnPlateau on its `monitor`); null: constant.
         label_smoothing: of the training loss, in [0, 1] (evaluation losses use none).
         mixup: alpha of torchvision's MixUp of training batches (0: off); training accuracy counts
             a prediction by its class's share of the mixed label.
@@ -66,20 +61,20 @@ class ImageClassifier(L.LightningModule):
 
     takes_uint8_images = True  # ImageDataModule.gives_floats reads it: uint8 in, normalised here
     # Python's alone: torch.jit.script (`to_torchscript()`) leaves them out, as LightningModule's.
-    __jit_unused_properties__ = [*L.LightningModule.__jit_unused_properties__, "net_name",
+    __jit_unused_properties__ = [*L.LightningModule.__jit_unused_properties__, "net_name", "lr",
                                  "backbone", "class_names", "per_step_schedule"]
 
     def __init__(self, net: Optional[parts.NetworkCallable] = None,
                  image_shape: Optional[tuple[int, int, int]] = None,
                  num_classes: Optional[int] = None, class_names: Optional[list[str]] = None,
                  mean: Optional[list[float]] = None, std: Optional[list[float]] = None,
-                 lr: Optional[float] = None, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 optimizer: OptimizerCallable = torch.optim.AdamW,
                  scheduler: Optional[LRSchedulerCallable] = None, label_smoothing: float = 0.0,
                  mixup: float = 0.0, cutmix: float = 0.0, flip_test: bool = False,
                  translate_test: int = 0, channels_last: bool = True,
                  compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False):
         super().__init__()
-        checks.check_arguments(lr, label_smoothing, mixup, cutmix, translate_test)
+        checks.check_arguments(label_smoothing, mixup, cutmix, translate_test)
         if net is None:
             net = TutorialCNN
         self.net_factory = parts.as_factory(net)
@@ -113,6 +108,16 @@ class ImageClassifier(L.LightningModule):
         """The network's short name (NETWORKS), or its class name."""
         return parts.network_name(self.net, self.hparams.net)
 
+    @property
+    def lr(self) -> float:
+        """The optimizer's learning rate: what Lightning's learning-rate finder reads and sets."""
+        return parts.learning_rate(self.optimizer_factory)
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.optimizer_factory = parts.with_learning_rate(self.optimizer_factory, value)
+        self.hparams.optimizer = parts.with_learning_rate(self.hparams.optimizer, value)
+
     def _build(self) -> None:
         hp = self.hparams
         net = parts.build_network(self.net_factory, hp.net, hp.image_shape, hp.num_classes)
@@ -129,12 +134,13 @@ class ImageClassifier(L.LightningModule):
         # wins); until the data module gives its statistics (take_from_data), none.
         self.register_buffer("mean", torch.zeros(1, hp.image_shape[0], 1, 1))
         self.register_buffer("std", torch.ones(1, hp.image_shape[0], 1, 1))
-        if hp.mean is not None and hp.std is not None:
-            self._set_normalisation()
+        self._set_normalisation()
         self.test_confusion = MulticlassConfusionMatrix(hp.num_classes, validate_args=False)
 
     def _set_normalisation(self) -> None:
         hp = self.hparams
+        if hp.mean is None or hp.std is None:
+            return
         checks.check_normalisation(hp.mean, hp.std, hp.image_shape)
         self.mean.copy_(torch.tensor(hp.mean).view(1, -1, 1, 1))
         self.std.copy_(torch.tensor(hp.std).view(1, -1, 1, 1))
@@ -143,24 +149,24 @@ class ImageClassifier(L.LightningModule):
         """Take what was not given (image shape, classes, class names; with `statistics`, the
         training images' mean and std, which reads them) from the data module `data`, and build the
         network if it is not built yet. The hyperparameters, and so hparams.yaml and TensorBoard's
-        HParams, then hold the values the model uses."""
+        HParams, then hold the values the model uses. A data module that does not say the image
+        shape or the classes is told, in one line, the options that give them."""
         hp = self.hparams
-        facts = {"image_shape": lambda: list(data.image_shape),
-                 "num_classes": lambda: len(data.classes),
-                 "class_names": lambda: list(data.classes)}
+        facts = {"image_shape": "image_shape", "num_classes": "num_classes",
+                 "class_names": "classes"}
         if statistics:
-            facts.update(mean=lambda: list(data.mean), std=lambda: list(data.std))
-        missing = []
-        for name, fact in facts.items():
-            if hp[name] is None:
-                try:
-                    hp[name] = fact()
-                except AttributeError:  # a data module of its own, without these attributes
-                    missing.append(name)
-        checks.check_facts(data, missing)
+            facts.update(mean="mean", std="std")
+        for name, attribute in facts.items():
+            if hp[name] is None and hasattr(data, attribute):
+                hp[name] = getattr(data, attribute)
+        if hp.class_names is not None:
+            hp.class_names = list(hp.class_names)
+        if hp.num_classes is None and hp.class_names is not None:
+            hp.num_classes = len(hp.class_names)
+        checks.check_facts(data, hp)
         if self.net is None:
             self._build()  # with the normalisation, where it is known
-        elif hp.mean is not None and hp.std is not None:
+        else:
             self._set_normalisation()
         # What Lightning logs is the model's initial hyperparameters.
         self.save_hyperparameters(dict(hp))
@@ -178,16 +184,12 @@ class ImageClassifier(L.LightningModule):
         return list(self.hparams.class_names or map(str, range(self.hparams.num_classes)))
 
     def setup(self, stage: str) -> None:
-        """Refuse data the model was not built for (and take its class names if it has none)."""
+        """Refuse data the model was not built for."""
         data = self.trainer.datamodule
         if self.net is not None and data is not None:
-            unnamed = self.hparams.class_names is None
-            if unnamed and len(getattr(data, "classes", ())) == self.hparams.num_classes:
-                self.hparams.class_names = list(data.classes)
-            self.check_data(data)
+            checks.check_data(self, data)
         if stage == "fit":
             self.resuming = self.resumed = None  # until a checkpoint says how a fit goes on
-            noise.silence([noise.SHORT_EPOCH])  # training metrics are logged at epoch ends too
         if stage == "fit" and self.per_step_schedule:
             checks.check_planned_schedule(self.trainer.callbacks)
 
@@ -199,20 +201,20 @@ class ImageClassifier(L.LightningModule):
         if self.net is not None and self.hparams.mean is not None:
             return
         checks.check_can_build(self.trainer, self.net)
-        self.take_from_data(self.trainer.datamodule)
-
-    def check_data(self, data) -> None:
-        """A ModelError if `data`'s images or classes are not the ones this model was built for."""
-        checks.check_data(self, data)
+        if self.trainer.datamodule is not None:
+            self.take_from_data(self.trainer.datamodule)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits (N, num_classes) for uint8 images (N, C, H, W), or floats on the 0..255 scale."""
+        """Logits (N, num_classes) for images (N, C, H, W): uint8 ones normalised here, float ones
+        as they are."""
         flip, shift = self.flip_test, self.translate_test
         if not torch.jit.is_scripting():  # hparams are Python's; scripted, the model is built
-            checks.check_ready(self.net, self.hparams.mean)
+            checks.check_ready(self.net)
             flip, shift = self.hparams.flip_test, self.hparams.translate_test  # as set, loaded too
-        scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
-        x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
+        x = images
+        if not images.is_floating_point():
+            scale = 1 / (255 * self.std)  # (x / 255 - mean) / std as one multiply-add per element
+            x = torch.addcmul(-self.mean / self.std, images.to(scale.dtype), scale)
         if self.uses_channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.training or not (flip or shift):
@@ -229,10 +231,6 @@ class ImageClassifier(L.LightningModule):
         """
         return predict.classify(self, images)
 
-    def check_weights(self, weights: dict) -> None:
-        """A ModelError naming the weights missing, unexpected or of another shape than ours."""
-        checks.check_weights(self, weights)
-
     def logs_at(self, batch_idx: int) -> bool:
         """Whether a training step logs train/loss and train/acc (the means since the last time):
         where Lightning's loggers write a step, before a validation, at an epoch's end (a
@@ -242,11 +240,6 @@ class ImageClassifier(L.LightningModule):
         epoch_end = batch_idx + 1 == trainer.num_training_batches
         before_validation = (batch_idx + 1) % (trainer.val_check_batch or float("inf")) == 0
         return logger_step or epoch_end or before_validation
-
-    def check_batch(self, images: torch.Tensor) -> None:
-        """A ModelError for a batch that is not uint8 images: floats may be normalised already, and
-        would be normalised again (a dtype, not a value: no wait for the device)."""
-        checks.check_batch(images)
 
     def training_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss the optimizer minimises: cross-entropy with label smoothing. `targets` are class
@@ -264,7 +257,6 @@ class ImageClassifier(L.LightningModule):
     def training_step(self, batch, batch_idx):
         """The training loss of a batch; its sums join the window that `logs_at` logs."""
         images, labels = batch
-        self.check_batch(images)
         targets = labels
         if self.hparams.mixup or self.hparams.cutmix:
             images, targets = self.mix(images, labels)
@@ -296,37 +288,30 @@ class ImageClassifier(L.LightningModule):
         self.window_images = 0
 
     def on_train_epoch_end(self):
-        self.raise_if_not_finite()
+        checks.check_finite(self.net, self.current_epoch, self.global_step)
 
     def on_save_checkpoint(self, checkpoint):
-        self.raise_if_not_finite()  # no checkpoint ever holds the weights of a diverged run
-        # A resumed epoch's means.
+        # No checkpoint ever holds the weights of a diverged run.
+        checks.check_finite(self.net, self.current_epoch, self.global_step)
         checkpoint["train_window"] = [*self.train_window.tolist(), self.window_images]
 
     def on_load_checkpoint(self, checkpoint):
         # Before Lightning loads them: their shapes and values (missing and unexpected ones are
         # Lightning's to refuse or allow: `load_from_checkpoint(strict=False)`).
-        checks.check_weights(self, checkpoint.get("state_dict", {}), strict=False)
+        checks.check_weights(self, checkpoint.get("state_dict", {}))
         *window, self.window_images = checkpoint.get("train_window", [0.0, 0.0, 0])
         self.train_window = torch.tensor(window)
         try:
-            data = self.trainer.datamodule
+            training = self.trainer.training
         except RuntimeError:  # not attached to a Trainer: load_from_checkpoint
             return
-        if self.trainer.training:
-            checks.check_resumable(checkpoint, data)
+        if training:
             # What Lightning restores next, once the optimizers are made (configure_optimizers
             # says how the fit goes on; the data module's position is restored only then).
             self.resuming = checkpoint
 
-    def raise_if_not_finite(self) -> None:
-        """A ModelError if a weight of the network is NaN or infinite: a diverged run stops before a
-        checkpoint, an export or a test holds it."""
-        checks.check_finite(self.net, self.current_epoch, self.global_step)
-
     def _evaluate(self, batch, stage: str) -> torch.Tensor:
         images, labels = batch
-        self.check_batch(images)
         logits = self(images)
         loss, acc = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
         # Per image: exact means, the last batch too.
@@ -360,7 +345,7 @@ class ImageClassifier(L.LightningModule):
         self.log_dict(dict(zip(names, per_class)), sync_dist=True)
 
     def predict_step(self, batch, batch_idx):
-        """Class probabilities for a batch of uint8 images, or of (images, labels)."""
+        """Class probabilities for a batch of images, or of (images, labels)."""
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
         return self(images).softmax(1)
 
@@ -373,7 +358,7 @@ class ImageClassifier(L.LightningModule):
         checks.outside_inference_mode(self)  # after a `trainer.validate` or `test` from Python
         # A learning-rate finder (LearningRateFinder, after the optimizers were made) set a new
         # rate: the optimizers and schedule again, for it, and it in the hyperparameters logged.
-        if self.hparams.lr != self.planned_lr:
+        if self.lr != self.planned_lr:
             self.trainer.strategy.setup_optimizers(self.trainer)
             self.save_hyperparameters(dict(self.hparams))
 
@@ -386,10 +371,10 @@ class ImageClassifier(L.LightningModule):
         return max(1, int(steps))
 
     def configure_optimizers(self):
+        self.planned_lr = self.lr
         # Frozen parameters (a backbone's) join later.
-        self.planned_lr = self.hparams.lr
         trained = [p for p in self.parameters() if p.requires_grad]
-        optimizer = parts.build_optimizer(self.optimizer_factory, trained, self.hparams.lr)
+        optimizer = parts.build_optimizer(self.optimizer_factory, trained)
         steps = self.run_steps()
         if self.resuming is not None:  # a fit from a checkpoint: how it goes on
             self.resumed = resume.plan(self.resuming, self.hparams, steps)

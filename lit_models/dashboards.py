@@ -1,15 +1,11 @@
 """What TensorBoard shows of a run beyond its scalars: test images and confusions, train against
-val, HParams."""
-
-from argparse import Namespace
-from collections.abc import Mapping
+val."""
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 from PIL import Image, ImageDraw, ImageFont
-from torch.utils.tensorboard.summary import hparams
 
 from lit_models.classifier import ImageClassifier
 from lit_models.tags import class_metrics
@@ -29,7 +25,7 @@ FONT = ImageFont.load_default(size=LINE - 2)
 
 
 class Dashboards(L.Callback):
-    """TensorBoard's Images, Custom Scalars and HParams tabs for a run
+    """TensorBoard's Images, Custom Scalars and Text tabs for a run
     (`--trainer.callbacks+=Dashboards`, one of train.py's default callbacks).
 
     - At test: `test/predictions`, a grid of test images (the first ones of each test batch, in
@@ -38,45 +34,26 @@ class Dashboards(L.Callback):
       shaded by the share of the row), as images at the step the model was trained to. MLflow
       takes them as artifacts `test/*.png`; other loggers skip them.
     - At the start of a run: a Custom Scalars layout (train and val loss on one chart, accuracy on
-      another), and the HParams tab's row: the model's, data's, optimizer's and schedule's settings
-      as flat columns (`model/lr`, `data/batch_size`, a class path by its class name) against
-      `metrics`, before Lightning's own summary (TensorBoard keeps a run's first). Nothing runs in
-      a training step.
+      another). Nothing runs in a training step.
 
     Args:
         images: how many test images `test/predictions` shows (0: none).
-        metrics: the scalars the HParams tab compares runs by.
     """
 
-    def __init__(self, images: int = 32, metrics: tuple[str, ...] = ("val/acc_best", "test/acc")):
-        self.images, self.metrics = images, list(metrics)
+    def __init__(self, images: int = 32):
+        self.images = images
         # The TensorBoard runs whose layout and settings are written.
         self.started: set[str] = set()
         self.shown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    # The start of a run: before Lightning logs its hyperparameters (at fit, the optimizers exist
-    # then).
+    # The start of a run: a fit's, or a test's or validation's of a checkpoint.
     def setup(self, trainer, pl_module, stage):
-        if stage in ("validate", "test"):
-            self.start(trainer, pl_module)
-
-    def on_fit_start(self, trainer, pl_module):
-        self.start(trainer, pl_module)
-
-    def start(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
-            if not isinstance(logger, TensorBoardLogger) or logger.log_dir in self.started:
-                continue
-            self.started.add(logger.log_dir)
-            logger.experiment.add_custom_scalars(LAYOUT)
-            columns = settings(trainer, pl_module)
-            # The run's name in a few words: TensorBoard's runs are named version_N.
-            logger.experiment.add_text("run", summary(trainer, pl_module, columns), 0)
-            if trainer.enable_autolog_hparams:
-                for written in hparams(columns, dict.fromkeys(self.metrics, 0.0)):
-                    logger.experiment.file_writer.add_summary(written)
+            if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
+                self.started.add(logger.log_dir)
+                logger.experiment.add_custom_scalars(LAYOUT)
 
     def on_test_epoch_start(self, trainer, pl_module):
         self.shown = []
@@ -159,123 +136,6 @@ def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
         logger.experiment.add_image(tag, np.asarray(image), step, dataformats="HWC")
     else:
         logger.experiment.log_image(logger.run_id, image, artifact_file=f"{tag}.png")
-
-
-def settings(trainer, pl_module) -> dict[str, str | int | float]:
-    """The run's settings as HParams columns: the model's and data module's hyperparameters as they
-    were given (`model/...`, `data/...`), the optimizers' classes and numeric settings, the
-    schedules' classes, the epochs."""
-    # The optimizer and schedule as they run (below), not as configured: the model's lr replaces
-    # the optimizer's. The hyperparameters as they are now: a learning-rate finder has set `lr`.
-    given = pl_module.hparams
-    model = {k: v for k, v in given.items() if k not in ("optimizer", "scheduler")}
-    if isinstance(model.get("net"), str):  # an import path (torchvision's builders): its name
-        model["net"] = model["net"].rpartition(".")[2]
-    columns = {"Model": type(pl_module).__name__, **flatten(model, "model/")}
-    if trainer.datamodule is not None:
-        columns["data"] = type(trainer.datamodule).__name__
-        columns |= flatten(trainer.datamodule.hparams_initial, "data/")
-    for i, optimizer in enumerate(trainer.optimizers):
-        name = numbered("optimizer", i)
-        columns[name] = type(optimizer).__name__
-        # Its flags (foreach, fused, maximize, ...) say how it runs, not what it does.
-        numeric = {k: v for k, v in optimizer.defaults.items() if not isinstance(v, bool)}
-        if given.get("lr") is not None:
-            numeric["lr"] = given["lr"]
-        columns |= flatten(numeric, f"{name}/")
-    for i, config in enumerate(trainer.lr_scheduler_configs):
-        columns[numbered("scheduler", i)] = type(config.scheduler).__name__
-    epochs = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
-    columns |= flatten(epochs, "trainer/")
-    return {FIRST.get(name, name): value for name, value in columns.items()}
-
-
-# The HParams tab shows a run's settings sorted by name, capitals first, the first five of them
-# ticked, then the metrics: these five, capitalised, are what a researcher compares first.
-FIRST = {"model/net": "Network", "model/lr": "Learning rate", "optimizer": "Optimizer",
-         "data/batch_size": "Batch size", "trainer/max_epochs": "Epochs"}
-
-
-def summary(trainer, pl_module, columns: dict) -> str:
-    """`ImageClassifier(mlp) on mnist: TutorialMLP, lr 0.015, AdamW, OneCycle, batch 512, 30
-    epochs`."""
-    data = getattr(trainer.datamodule, "name", "") or columns.get("data", "no data module")
-    said = [columns.get(key) for key in ("Network", "Optimizer", "scheduler")]
-    said.insert(1, f"lr {columns['Learning rate']}" if "Learning rate" in columns else None)
-    said += [f"batch {columns['Batch size']}" if "Batch size" in columns else None,
-             f"{trainer.max_epochs} epochs"]
-    return f"{model_name(pl_module)} on {data}: " + ", ".join(str(part) for part in said if part)
-
-
-def model_name(model) -> str:
-    """`ImageClassifier(mlp)`: the model's class and its network; a LightningModule of the
-    user's, its class."""
-    if not isinstance(model, ImageClassifier):
-        return type(model).__name__
-    return f"{type(model).__name__}({model.net_name})"
-
-
-def numbered(name: str, i: int) -> str:
-    """The column of the i-th optimizer or schedule: `name`, then `name_1`, `name_2`, ..."""
-    if i == 0:
-        return name
-    return f"{name}_{i}"
-
-
-def flatten(params: Mapping, prefix: str = "") -> dict[str, str | int | float]:
-    """Nested settings as flat columns ("model/net/hidden"): a `class_path`/`init_args` part as its
-    class name and its arguments; numbers and strings as they are, booleans as true/false, short
-    lists joined. Left out: private keys (LightningCLI's `_instantiator`, `_class_path`), None and
-    -1 (not set), long lists (class names)."""
-    columns = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Namespace):
-            value = vars(value)
-        private = str(key).startswith("_")
-        if private or not_set(value):
-            continue
-        if isinstance(value, Mapping):
-            if "class_path" in value:
-                columns[name] = str(value["class_path"]).rsplit(".", 1)[-1]
-                value = value.get("init_args") or {}
-            columns |= flatten(value, f"{name}/")
-        elif isinstance(value, bool):
-            columns[name] = str(value).lower()
-        elif isinstance(value, (int, float, str)):
-            columns[name] = value
-        elif isinstance(value, (type, torch.nn.Module)):
-            columns[name] = class_name(value)
-        elif short_list(value):
-            columns[name] = ", ".join(list_item(v) for v in value)
-    return columns
-
-
-def not_set(value) -> bool:
-    """None or -1: a setting left at "not set"."""
-    if value is None:
-        return True
-    return isinstance(value, (int, float)) and value == -1
-
-
-def class_name(value: type | torch.nn.Module) -> str:
-    """A class by its name, a module by its class's."""
-    if isinstance(value, type):
-        return value.__name__
-    return type(value).__name__
-
-
-def short_list(value) -> bool:
-    """A list or tuple of at most 4 numbers or strings; longer ones (class names) are left out."""
-    if not isinstance(value, (list, tuple)) or len(value) > 4:
-        return False
-    return all(isinstance(v, (int, float, str)) for v in value)
-
-
-def list_item(value: int | float | str) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def fit_text(draw: ImageDraw.ImageDraw, text: str, width: int) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lit_common.files import new_file, output_over, written_whole
+from datamodules.files import new_file, output_over, written_whole
 from lit_models import test_time
 from lit_models.classifier import ImageClassifier, ModelError
 

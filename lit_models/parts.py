@@ -90,9 +90,8 @@ def build_network(factory: NetworkCallable, spec, image_shape,
 
 
 def named(factory, spec):
-    """The class or function a network's callable builds with: the one its spec names, or the one
-    inside a partial (LightningCLI's partials, made by jsonargparse, hide its signature: the class
-    is the last of their arguments), else the callable itself."""
+    """The class or function a network's callable builds with: the one its spec names (LightningCLI
+    records `{class_path, init_args}`), else the one a partial wraps, else the callable itself."""
     for part in (spec, factory):
         if isinstance(part, dict):
             part = part.get("class_path")
@@ -102,8 +101,7 @@ def named(factory, spec):
             except (ImportError, AttributeError, ValueError):
                 continue
         if isinstance(part, functools.partial):
-            inner = [p for p in (part.func, *part.args) if isinstance(p, type)]
-            return (inner or [part.func])[-1]
+            return part.func
     return factory
 
 
@@ -144,17 +142,34 @@ def try_on(net: torch.nn.Module, name: str, shape: tuple[int, int, int], num_cla
                          f"not (2, {num_classes}): one logit per class")
 
 
-def build_optimizer(factory, params: list, lr) -> torch.optim.Optimizer:
-    """The optimizer `factory` builds for `params`, with the learning rate `lr` (None: the
-    optimizer's own)."""
-    settings = {}
-    if lr is not None:
-        settings["lr"] = lr
+def build_optimizer(factory, params: list) -> torch.optim.Optimizer:
+    """The optimizer `factory` builds for `params`."""
     try:
-        return factory(params, **settings)
+        return factory(params)
     except ValueError as e:
         # torch's own check of its arguments (a negative lr, betas out of range).
         raise ModelError(f"--model.optimizer: {e}") from None
+
+
+def learning_rate(factory) -> float | None:
+    """The learning rate an optimizer callable gives: its `lr` argument, or its class's default."""
+    keywords = getattr(factory, "keywords", {})
+    if "lr" in keywords:
+        return keywords["lr"]
+    target = named(factory, None)
+    try:
+        default = inspect.signature(target).parameters["lr"].default
+    except (TypeError, ValueError, KeyError):
+        return None
+    return None if default is inspect.Parameter.empty else default
+
+
+def with_learning_rate(part, lr: float):
+    """An optimizer part (a callable, or its `{class_path, init_args}` spec) with learning rate
+    `lr`."""
+    if isinstance(part, dict):
+        return {**part, "init_args": {**(part.get("init_args") or {}), "lr": lr}}
+    return functools.partial(part, lr=lr)
 
 
 def plans_over_run(schedule) -> bool:

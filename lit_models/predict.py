@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from datamodules.files import new_file, output_over, written_whole
 from datamodules.images import ImageFiles, is_image, list_images, some, to_uint8_batch
-from lit_common.files import new_file, output_over, written_whole
 from lit_models.checks import ModelError
 
 SHOWN = 8  # predictions printed, spread over the images (a split is often sorted by class)
@@ -134,7 +134,6 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
         stop_if_asked(trainer)  # after the last batch's check: Lightning's loop ends quietly
-    trainer.wrote = target
     show(writer, model.class_names)
     return report(writer, target, seconds, trainer.strategy.root_device)
 

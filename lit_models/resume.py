@@ -1,13 +1,13 @@
 """How a fit goes on from its checkpoint when the options that plan its training changed: every
 option given takes effect, and the records say what ran.
 
-- Nothing changed (the optimizer, its settings, `lr`, the schedule and the run's length): the
+- Nothing changed (the optimizer, its settings, the schedule and the run's length): the
   optimizer and schedule are restored as saved, and the run ends as one never stopped.
-- Anything else (the optimizer's settings, `lr`, the schedule's settings, the length of a run
-  whose schedule is planned over its steps: `--trainer.max_epochs` of a finished OneCycle run): the
-  optimizer's state (Adam's moments, SGD's momentum) runs on with the settings given now, and a new
-  schedule from the checkpoint's step to the run's end. OneCycle warms up again to `lr` and anneals
-  to the new end; a schedule by epochs starts from its first.
+- Anything else (the optimizer's settings, its `lr` among them, the schedule's settings, the
+  length of a run whose schedule is planned over its steps: `--trainer.max_epochs` of a finished
+  OneCycle run): the optimizer's state (Adam's moments, SGD's momentum) runs on with the
+  settings given now, and a new schedule from the checkpoint's step to the run's end. OneCycle
+  warms up again to `lr` and anneals to the new end; a schedule by epochs starts from its first.
 - Another optimizer class: a new optimizer (the checkpoint's state cannot be its), and a new
   schedule.
 """
@@ -63,7 +63,7 @@ def plan(checkpoint: dict, hparams, run_steps: int | None) -> Resumption:
     saved = checkpoint.get("hyper_parameters") or {}
     optimizer, was = settings(hparams), settings(saved)
     same_class = optimizer["class_path"] == was["class_path"]
-    same_settings = same_class and optimizer == was and hparams.get("lr") == saved.get("lr")
+    same_settings = same_class and optimizer == was
     same_length = run_steps is None or planned_end(checkpoint) in (None, run_steps)
     same_schedule = hparams.get("scheduler") == saved.get("scheduler") and same_length
     exact = same_settings and same_schedule
@@ -79,15 +79,11 @@ def plan(checkpoint: dict, hparams, run_steps: int | None) -> Resumption:
 
 
 def settings(hparams) -> dict:
-    """The optimizer of `hparams`, as `{class_path, init_args}`; its own `lr` left out where the
-    model's `lr` is the one that runs."""
+    """The optimizer of `hparams`, as `{class_path, init_args}`."""
     spec = hparams.get("optimizer")
     if not isinstance(spec, dict):
         return {"class_path": str(spec), "init_args": {}}
-    init_args = dict(spec.get("init_args") or {})
-    if hparams.get("lr") is not None:
-        init_args.pop("lr", None)
-    return {"class_path": spec.get("class_path"), "init_args": init_args}
+    return {"class_path": spec.get("class_path"), "init_args": dict(spec.get("init_args") or {})}
 
 
 def planned_end(checkpoint: dict) -> int | None:

@@ -13,11 +13,12 @@ from lit_models.resume import Resumption
 class OneCycle(OneCycleLR):
     """One cycle over the whole run, peaking at the optimizer's lr (`--model.scheduler OneCycle`).
 
-    torch's OneCycleLR with `max_lr` taken from the optimizer, so that `--model.lr` is the one
-    learning rate to set, and `total_steps` from the trainer (`trainer.estimated_stepping_batches`,
-    filled in by ImageClassifier): warm up from lr/25 for `warmup` of the steps, then anneal
-    (cosine) to ~0 by the last step; with momentum optimizers, momentum cycles inversely (0.95 ->
-    0.85 -> 0.95) in place of the optimizer's own, unless `cycle_momentum` is false.
+    torch's OneCycleLR with `max_lr` taken from the optimizer, so that the optimizer's `lr` is
+    the one learning rate to set, and `total_steps` from the trainer
+    (`trainer.estimated_stepping_batches`, filled in by ImageClassifier): warm up from lr/25 for
+    `warmup` of the steps, then anneal (cosine) to ~0 by the last step; with momentum optimizers,
+    momentum cycles inversely (0.95 -> 0.85 -> 0.95) in place of the optimizer's own, unless
+    `cycle_momentum` is false.
 
     Args:
         optimizer: the optimizer whose learning rate it drives.
@@ -51,7 +52,8 @@ def configured(factory, optimizer: Optimizer, steps: int | None, resumed: Resump
         return optimizer
     if steps is None:
         scheduler = factory(optimizer)
-        schedule = {"scheduler": scheduler}
+        # LightningCLI's ReduceLROnPlateau names the metric it follows (`--lr_scheduler.monitor`).
+        schedule = {"scheduler": scheduler, "monitor": getattr(scheduler, "monitor", None)}
     else:
         start = 0
         if resumed is not None and resumed.new_schedule:
