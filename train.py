@@ -19,7 +19,7 @@ from typing import NoReturn
 
 import lightning as L
 import torch
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -45,6 +45,8 @@ QUIET = [
     r"Checkpoint directory .* exists and is not empty",
     # `--data.val_size 0` asks for no validation: the data modules' val_dataloader is then [].
     r"Total length of `list` across ranks is zero",
+    # A use command's checkpoint callbacks are not the fit's (they save nothing).
+    r"The dirpath has changed from",
     # ImageClassifier logs its training metrics at each epoch's end too: no short epoch loses one.
     r"The number of training batches \(\d+\) is smaller than the logging interval",
 ]
@@ -72,10 +74,14 @@ class TrainCLI(LightningCLI):
         resumed = self.args[0] == "fit" and runs.option(self.args, "--ckpt_path") is not None
         saved = {"config_filename": "config-resumed.yaml", "overwrite": True} if resumed else {}
         kwargs = {"exit_on_error": False, "description": DESCRIPTION}  # errors in one line
+        # Predictions and exports are no runs: LightningCLI would save a config.yaml in the
+        # working folder for each (they log nowhere), and refuse the second.
+        saving = SaveConfigCallback if self.args[0] in ("fit", "test", "validate") else None
         try:
             super().__init__(
                 L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
-                subclass_mode_data=True, trainer_class=Trainer, save_config_kwargs=saved,
+                subclass_mode_data=True, trainer_class=Trainer, save_config_callback=saving,
+                save_config_kwargs=saved,
                 trainer_defaults={"max_epochs": 30, "callbacks": [*(callbacks or []),
                                                                   self.recorder]},
                 seed_everything_default=0, args=self.args if run else self.args[1:], run=run,
@@ -94,10 +100,17 @@ class TrainCLI(LightningCLI):
         parser.set_defaults({"trainer.callbacks": defaults.CALLBACKS})
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        self.config = parser.parse_args(args)
-        self.given = self.config.get(self.config.get("subcommand") or "fit") or self.config
+        """The command line parsed, then command_line.py's rules on the configuration, which
+        `--print_config` prints."""
+        printed = [a for a in args if a.startswith("--print_config")]
+        self.config = parser.parse_args([a for a in args if a not in printed])
+        subcommand = self.config.get("subcommand")
+        self.given = self.config.get(subcommand) if subcommand else self.config
         command_line.from_own_defaults(self.given, self.args)
         command_line.lightnings_flags_as_the_models(self.given)
+        if printed:
+            print(self._parser(subcommand).dump(self.given, skip_none="skip_null" in printed[0]))
+            raise SystemExit(0)
 
     def _parse_ckpt_path(self) -> None:
         """Nothing: command_line.expand has put the checkpoint's model beneath the command line;

@@ -125,11 +125,23 @@ def from_own_defaults(config: Namespace, args: list[str]) -> None:
         before = class_before(key, list(pairs(args))[:i])
         if before is not None and issubclass(cls, before):
             continue
-        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()
-                    if p.default is not inspect.Parameter.empty}
+        defaults = class_defaults(cls)
         for name in spec.init_args.keys():
             if name in defaults and name not in given:
                 spec.init_args[name] = defaults[name]
+
+
+def class_defaults(cls: type) -> dict:
+    """The default of each argument of `cls`, with those its `**kwargs` pass to its bases."""
+    defaults = {}
+    for klass in cls.__mro__:
+        parameters = inspect.signature(klass).parameters.values()
+        for p in parameters:
+            if p.default is not inspect.Parameter.empty:
+                defaults.setdefault(p.name, p.default)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return defaults
+    return defaults
 
 
 def class_before(key: str, before: list[tuple[str, str | None]]) -> type | None:

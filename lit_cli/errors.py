@@ -48,8 +48,8 @@ def explain(error: BaseException) -> tuple[int | None, str]:
 def known(e: BaseException) -> tuple[int, str] | None:
     """The exit code and line for one error, if it is one a user can act on."""
     for kind, code in EXIT_CODES.items():
-        if isinstance(e, kind):
-            return getattr(e, "exit_code", code), str(e).strip().splitlines()[0]
+        if isinstance(e, kind):  # jsonargparse's are several lines: one
+            return getattr(e, "exit_code", code), " ".join(str(e).split())
     if isinstance(e, torch.OutOfMemoryError):
         return 1, "out of memory on the device: try a smaller --data.batch_size"
     if isinstance(e, ModuleNotFoundError) and e.name:

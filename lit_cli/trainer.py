@@ -6,13 +6,11 @@ LightningCLI makes a subcommand's options of the Trainer method of that name: `p
 """
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional, Union
 
 import lightning as L
 
-from lit_cli.errors import UsageError
 from lit_cli.runs import read_checkpoint
-from lit_models import ImageClassifier
 from lit_models import export as exports
 from lit_models import predict as predict_files
 
@@ -21,28 +19,19 @@ class Trainer(L.Trainer):
     """Lightning's Trainer; `predict` writes a CSV file, and `export` writes a servable file."""
 
     def predict(self, model=None, dataloaders=None, datamodule=None, return_predictions=None,
-                ckpt_path=None, weights_only=None, inputs: list[str] | None = None,
-                output: str | None = None) -> dict:
-        """Predict each image's top classes into a CSV file (an ImageClassifier's; a user's
-        LightningModule predicts as in Lightning, through the prediction writers among the
-        callbacks).
+                ckpt_path=None, weights_only=None, inputs: Union[str, list[str], None] = None,
+                output: Optional[str] = None) -> dict:
+        """Predict into a file: an ImageClassifier's top classes of each image into a CSV file;
+        a LightningModule of the user's through the prediction writers among its callbacks, or
+        else its predictions into a file torch.load reads.
 
         Args:
-            inputs: image files, folders (searched recursively) or globs; none: the test split of
-                the checkpoint's data set, with its true labels.
-            output: the CSV file; none: a new file beside the checkpoint's run.
+            inputs: an image file, folder (searched recursively) or glob, or a list of them; none:
+                the test split of the checkpoint's data set, with its true labels.
+            output: the file to write; none: a new file beside the checkpoint's run.
         """
-        if dataloaders is not None:
-            raise UsageError("train.py's predict reads --inputs or the data module's test split")
-        if isinstance(model, ImageClassifier):
-            return predict_files.predict(self, model, datamodule, ckpt_path, inputs, output,
-                                         weights_only)
-        if inputs or output:  # a user's LightningModule: Lightning's predict, as LightningCLI's
-            raise UsageError(f"--inputs and --output write an ImageClassifier's predictions; "
-                             f"{type(model).__name__}'s go to the prediction writers among "
-                             f"--trainer.callbacks")
-        return super().predict(model, datamodule=datamodule, ckpt_path=ckpt_path,
-                               weights_only=weights_only, return_predictions=return_predictions)
+        return predict_files.predict(self, model, dataloaders or datamodule, ckpt_path, inputs,
+                                     output, weights_only)
 
     def export(self, model: L.LightningModule, datamodule: L.LightningDataModule | None = None,
                ckpt_path: str | None = None,

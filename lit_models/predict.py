@@ -114,22 +114,28 @@ class CSVPredictions(BasePredictionWriter):
         print(f"train.py: skipped {name}: cannot read it ({reason})", file=sys.stderr)
 
 
-def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None,
+def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: str | list[str] | None,
             output: str | None, weights_only: bool | None = None) -> dict:
-    """Lightning's predict of `data`'s test split, or of the image files `inputs` names, through
-    CSVPredictions into `output` (default: a new file beside the checkpoint's run)."""
+    """Lightning's predict of `data` (a data module's test split, or loaders), or of the image
+    files `inputs` names, into `output` (default: a new file beside the checkpoint's run): an
+    ImageClassifier's through CSVPredictions, another module's through its own prediction
+    writers, or else into a file of its predictions (`own_predictions`)."""
+    from lit_models.classifier import ImageClassifier  # which imports this module
+
+    if not isinstance(model, ImageClassifier):
+        return own_predictions(trainer, model, data, ckpt_path, inputs, output, weights_only)
     paths, loader = None, None
     if inputs:  # Lightning predicts these files' loader, not the data module's split
-        paths = find_images(inputs)
+        paths = find_images([inputs] if isinstance(inputs, str) else inputs)
         channels, height, width = model.hparams.image_shape
         loader, data = ImageFiles(paths, channels, (height, width)).loader(), None
-    with (output_file(output, ckpt_path, paths or []) as target, written_whole(target) as tmp,
-          open(tmp, "w", newline="", encoding="utf-8") as file):
+    with (output_file(output, ckpt_path, paths or [], ".csv") as target,
+          written_whole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file):
         writer = CSVPredictions(file, model.class_names, paths)
         trainer.callbacks.append(writer)
         start = time.perf_counter()
-        L.Trainer.predict(trainer, model, dataloaders=loader, datamodule=data,
-                          return_predictions=False, ckpt_path=ckpt_path, weights_only=weights_only)
+        L.Trainer.predict(trainer, model, loader or data, return_predictions=False,
+                          ckpt_path=ckpt_path, weights_only=weights_only)
         seconds = time.perf_counter() - start
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
@@ -138,10 +144,29 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: list[str] | None
     return report(writer, target, seconds, trainer.strategy.root_device)
 
 
-def output_file(output: str | None, ckpt_path, inputs: list[Path]):
-    """A context of the CSV file: `--output` (replaced, as asked, unless it is the checkpoint or an
-    input), or a new predictions-DATE-TIME.csv beside the checkpoint's run, a name of its own
-    (`new_file`: runs started in one second each get one)."""
+def own_predictions(trainer: L.Trainer, model, data, ckpt_path, inputs, output,
+                    weights_only) -> dict:
+    """A LightningModule of the user's predicts as Lightning runs it; without a prediction writer
+    among its callbacks, what predict_step returned goes to a file (torch.load reads it)."""
+    if inputs:
+        raise ModelError(f"--inputs reads image files for an ImageClassifier; "
+                         f"{type(model).__name__} predicts its data module's predict split")
+    writers = [c for c in trainer.callbacks if isinstance(c, BasePredictionWriter)]
+    predictions = L.Trainer.predict(trainer, model, data, return_predictions=not writers,
+                                    ckpt_path=ckpt_path, weights_only=weights_only)
+    if writers:
+        return {"stage": "predict", "output": None}
+    with output_file(output, ckpt_path, [], ".pt") as target, written_whole(target) as tmp:
+        torch.save(predictions, tmp)
+    print(f"Predicted {len(predictions)} batches with {type(model).__name__}; wrote {target} "
+          f"(torch.load(path): a list of what predict_step returned, a batch each)")
+    return {"stage": "predict", "output": str(target)}
+
+
+def output_file(output: str | None, ckpt_path, inputs: list[Path], suffix: str):
+    """A context of the file to write: `--output` (replaced, as asked, unless it is the checkpoint
+    or an input), or a new predictions-DATE-TIME`suffix` beside the checkpoint's run, a name of its
+    own (`new_file`: runs started in one second each get one)."""
     if output:
         try:
             return contextlib.nullcontext(output_over(Path(output).expanduser(),
@@ -149,7 +174,7 @@ def output_file(output: str | None, ckpt_path, inputs: list[Path]):
         except ValueError as e:
             raise ModelError(f"--output {output}: {e}; name another file") from None
     stem = f"predictions-{datetime.now():%Y%m%d-%H%M%S}"
-    return new_file(Path(ckpt_path).parent.parent, stem, ".csv")
+    return new_file(Path(ckpt_path).parent.parent, stem, suffix)
 
 
 def report(writer: CSVPredictions, target: Path, seconds: float, device) -> dict:
