@@ -1,6 +1,8 @@
 """What every data module shares: a seeded validation split, the training images' statistics, and
-batches cut from uint8 tensors that live on the training device, augmented there."""
+batches cut from uint8 tensors that live on the training device, augmented there. And the one way
+a data file is read (`reading`) and a data set downloaded (`ImageDataModule.fetch`)."""
 
+import contextlib
 import errno
 import functools
 import math
@@ -18,20 +20,17 @@ class DataError(RuntimeError):
     """The data cannot be found, fetched or read; the message says what to do about it."""
 
 
-def download_error(error: Exception) -> str:
-    """The last line of a download error (torchvision's list one line per mirror tried)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__
-
-
-def unwritable(error: Exception, what: str) -> str | None:
-    """The line for a data folder that cannot be written (`what` says what is written there),
-    where a download or unpacking failed so; None for any other failure (the network's)."""
-    refused = (errno.EACCES, errno.EPERM, errno.EROFS)
-    if not isinstance(error, OSError) or error.errno not in refused:
-        return None
-    return (f"{error.filename} cannot be written ({error.strerror}): {what}; pass a "
-            f"--data.data_dir that can be written, or put the files there yourself")
+@contextlib.contextmanager
+def reading(path, fix: str):
+    """A block that reads the data file `path`: whatever its reader raises (an OSError, a pickle,
+    gzip or zlib error, an EOFError, a shape its bytes do not fill...) ends in one DataError line
+    that names the file, says what went wrong in a few words, and `fix`: how to get a whole copy.
+    One wrapper for every format, in place of checks of each format's bytes."""
+    try:
+        yield
+    except Exception as e:
+        reason = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"  # "Permission denied"
+        raise DataError(f"cannot read {path} ({reason.strip().splitlines()[0]}); {fix}") from e
 
 
 def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
@@ -43,9 +42,8 @@ def channel_stats(images: torch.Tensor) -> tuple[list[float], list[float]]:
     # these, with the training device as the default.
     counts = torch.zeros(channels, 256, dtype=torch.float64, device="cpu")
     for rows in torch.arange(len(images), device=images.device).split(step):
-        # `images`: a tensor or DiskImages
+        # `images`: a tensor or DiskImages; counted as uint8, no wider copy
         values = images.index_select(0, rows).transpose(0, 1).reshape(channels, -1).cpu()
-        # counted as uint8: no wider copy
         counts += torch.stack([torch.bincount(v, minlength=256) for v in values])
     levels = torch.arange(256, dtype=torch.float64, device="cpu") / 255
     mean = (counts * levels).sum(1) / counts.sum(1)
@@ -74,14 +72,13 @@ class DeviceBatches:
                  reflect: bool = False, flip: bool = False, seed: int = 0, rank: int = 0,
                  world_size: int = 1, to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
-        self.shuffle, self.crop_padding, self.flip = shuffle and train, crop_padding, flip
-        self.reflect = reflect
+        self.shuffle, self.crop_padding, self.reflect = shuffle and train, crop_padding, reflect
+        self.flip = flip
         self.seed, self.rank, self.world_size, self.to_float = seed, rank, world_size, to_float
         self.epoch, self.yielded, self._resume = 0, 0, None
-        if train:
-            self.num_samples = len(images) // world_size
-            self.num_batches = self.num_samples // batch_size
-        else:
+        self.num_samples = len(images) // world_size
+        self.num_batches = self.num_samples // batch_size
+        if not train:
             all_rows = torch.arange(len(images), device=images.device)
             self.indices = all_rows.tensor_split(world_size)[rank]
             self.num_batches = math.ceil(len(self.indices) / batch_size)
@@ -89,10 +86,7 @@ class DeviceBatches:
     # Lightning calls `loader.sampler.set_epoch(e)` on any loader, and reads `batch_sampler` where
     # it finds a sampler.
     batch_sampler = None
-
-    @property
-    def sampler(self) -> "DeviceBatches":
-        return self
+    sampler = property(lambda self: self)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -100,7 +94,7 @@ class DeviceBatches:
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batches": self.yielded}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Optional[dict]) -> None:
         self._resume = state
 
     def __len__(self) -> int:
@@ -110,17 +104,11 @@ class DeviceBatches:
         device = self.images.device
         generator = torch.Generator(device=device)
         resume, self._resume = self._resume or {}, None
-        start = 0
-        if resume.get("epoch") == self.epoch:
-            start = resume.get("batches", 0)
+        start = resume.get("batches", 0) if resume.get("epoch") == self.epoch else 0
+        order = torch.arange(len(self.images), device=device) if self.train else self.indices
         if self.shuffle:
-            epoch_seed = mix_seed(self.seed, self.epoch)
-            order = torch.randperm(len(self.images), device=device,
-                                   generator=generator.manual_seed(epoch_seed))
-        elif self.train:
-            order = torch.arange(len(self.images), device=device)
-        else:
-            order = self.indices
+            generator.manual_seed(mix_seed(self.seed, self.epoch))
+            order = torch.randperm(len(self.images), device=device, generator=generator)
         if self.train:
             order = order[self.rank::self.world_size][:self.num_samples]
         for i in range(start, self.num_batches):
@@ -128,8 +116,7 @@ class DeviceBatches:
             # index_select, not images[index]: on a CPU advanced indexing of uint8 images is many
             # times slower.
             images = self.images.index_select(0, index)
-            if self.crop_padding or self.flip:
-                # any batch, in any order
+            if self.crop_padding or self.flip:  # any batch, in any order
                 generator.manual_seed(mix_seed(self.seed, self.epoch, i, self.rank))
             if self.crop_padding:
                 images = random_crop(images, self.crop_padding, generator, self.reflect)
@@ -173,12 +160,14 @@ class DiskImages:
 
 class ImageDataModule(L.LightningDataModule):
     """Base of the image data modules: a subclass says how to fetch and read its data set
-    (`read(split)`).
+    (`prepare_data`, `read(split)`).
 
     Each split is read once into uint8 tensors (N, C, H, W), moved to the training device
     (`on_device`), and batched there by DeviceBatches. A seeded split of the training images
     validates; the test set is only ever tested on. `mean` and `std` are the training images'
-    statistics, the model's default normalisation.
+    statistics, the model's default normalisation. A checkpoint holds the training batches'
+    position and what it means (`state_dict`); a fit that resumes from one where that position
+    would mean other images is refused (`resume`).
 
     Args:
         data_dir: where the data set is, or is downloaded to.
@@ -203,7 +192,7 @@ class ImageDataModule(L.LightningDataModule):
             in one line that names this option.
     """
 
-    name: str = ""  # the short name `--data NAME` takes
+    name: str = ""  # the data set's short name, in records
     classes: list[str] = []
     image_shape: tuple[int, int, int] = (0, 0, 0)
     has_val_split = False  # whether read("val") gives a validation set of the data set's own
@@ -217,10 +206,8 @@ class ImageDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         batches_empty = batch_size < 1 or eval_batch_size < 1
-        val_size_negative = val_size is not None and val_size < 0
-        negative = crop_padding < 0 or val_size_negative
-        unknown_mode = padding_mode not in ("constant", "reflect")
-        if batches_empty or negative or unknown_mode:
+        negative = crop_padding < 0 or (val_size or 0) < 0
+        if batches_empty or negative or padding_mode not in ("constant", "reflect"):
             raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} "
                             f"must be at least 1, crop_padding {crop_padding} and val_size "
                             f"{val_size} at least 0, padding_mode {padding_mode!r} constant or "
@@ -238,20 +225,33 @@ class ImageDataModule(L.LightningDataModule):
         self.said_floats = False
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
-        self._train_state: Optional[dict] = None
+        self._saved: Optional[dict] = None  # the state of the checkpoint a fit resumes from
 
     def read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 images (N, C, H, W) and int64 labels (N,) of "train", "test" (or "val", see
         has_val_split)."""
         raise NotImplementedError
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
+    def fetch(self, absent: str, download, put: str, where) -> None:
+        """Download the data set, `absent` (a few words say what is missing), by `download()`; a
+        DataError where --data.download is false or the download fails, which says where to `put`
+        the files (the folder `where`) by hand."""
+        if not self.download:
+            raise DataError(f"{absent} (and --data.download is false)")
+        try:
+            download()
+        except (OSError, RuntimeError) as e:  # no network, a full disk, a refused md5
+            if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise DataError(f"{e.filename} cannot be written ({e.strerror}): the data set is "
+                                f"downloaded into {where}; pass a --data.data_dir that can be "
+                                f"written, or put the files there yourself") from None
+            said = (str(e).strip().splitlines() or [type(e).__name__])[-1]  # one line per mirror
+            raise DataError(f"{absent} and could not be downloaded ({said}). {put}, "
+                            f"or pass --data.data_dir with the folder that holds it") from None
 
-    @property
-    def has_validation(self) -> bool:
-        return self.has_val_split or self.val_size != 0
+    num_classes = property(lambda self: len(self.classes))
+    # whether the data module validates: on its own validation set, or on training images split off
+    has_validation = property(lambda self: self.has_val_split or self.val_size != 0)
 
     @property
     def mean(self) -> list[float]:
@@ -269,9 +269,9 @@ class ImageDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         self.gives_floats()  # a model that does not say which images it takes stops here
-        wanted = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"],
-                  "predict": ["test"]}[stage]
-        for split in wanted:
+        if stage == "fit":
+            self._saved = None  # until Lightning restores a checkpoint's (load_state_dict)
+        for split in {"fit": ["train", "val"], "validate": ["val"]}.get(stage, ["test"]):
             if split != "val" or self.has_validation:
                 self._split(split)
 
@@ -281,21 +281,17 @@ class ImageDataModule(L.LightningDataModule):
             return 0
         if self.val_size is None:
             return min(5000, n // 10)
-        if self.val_size < 1:
-            return round(self.val_size * n)
-        return self.val_size
+        return round(self.val_size * n) if self.val_size < 1 else self.val_size
 
     def _split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """A split's tensors, read on first use (one read of "train" gives both train and val) and
         kept."""
         if split not in self.splits:
-            own_val = split == "val" and self.has_val_split
-            if split == "test" or own_val:
+            if split == "test" or (split == "val" and self.has_val_split):
                 parts = {split: self.read(split)}
             else:
                 images, labels = self.read("train")
-                n = len(images)
-                size = self._val_count(n)
+                n, size = len(images), self._val_count(len(images))
                 if size >= n:
                     raise DataError(f"--data.val_size {self.val_size} leaves none of the {n} "
                                     f"training images to train")
@@ -308,12 +304,11 @@ class ImageDataModule(L.LightningDataModule):
             self.splits.update(parts)
         # Read before a trainer is attached (the statistics the model takes when it is built) it
         # stays in host memory until then, and moves to the training device once.
-        device = torch.device("cpu")
+        device = "cpu"
         if self.trainer is not None and self.on_device:
-            device = torch.device(self.trainer.strategy.root_device)
-        images, labels = self.splits[split]
-        if images.device != device:
-            self.splits[split] = images.to(device), labels.to(device)
+            device = self.trainer.strategy.root_device
+        images, labels = self.splits[split]  # where they are already: themselves, not copies
+        self.splits[split] = images.to(device), labels.to(device)
         return self.splits[split]
 
     def _rank(self) -> tuple[int, int]:
@@ -328,20 +323,18 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(f"--data.batch_size {self.batch_size} is more than the "
                             f"{len(images) // world_size} training images of each of {world_size} "
                             f"process(es): not one full batch")
-        # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed).
-        # overfit_batches: the same batches every epoch, as Lightning does with a DataLoader.
-        shuffle = self.trainer is None or not self.trainer.overfit_batches
         reflect = self.padding_mode == "reflect"
         if reflect and self.crop_padding >= min(images.shape[2:]):
             raise DataError(f"--data.crop_padding {self.crop_padding} reflected needs images "
                             f"larger than {tuple(images.shape[2:])}")
+        # The seed of --seed_everything (Lightning's seed_everything sets torch's initial seed).
+        # overfit_batches: the same batches every epoch, as Lightning does with a DataLoader.
         batches = DeviceBatches(images, labels, self.batch_size, train=True,
                                 crop_padding=self.crop_padding, reflect=reflect, flip=self.flip,
                                 seed=torch.initial_seed(), rank=rank, world_size=world_size,
-                                shuffle=shuffle, to_float=self.gives_floats())
-        if self._train_state is not None:
-            batches.load_state_dict(self._train_state)
-            self._train_state = None
+                                shuffle=self.trainer is None or not self.trainer.overfit_batches,
+                                to_float=self.gives_floats())
+        self.resume(batches)
         self._train_batches = batches
         return batches
 
@@ -350,12 +343,53 @@ class ImageDataModule(L.LightningDataModule):
     # for them first, as `trainer.estimated_stepping_batches` (OneCycle's length) does
     # (Lightning-AI/pytorch-lightning#20550).
     def state_dict(self) -> dict:
-        if self._train_batches is None:
-            return {}
-        return {"train_batches": self._train_batches.state_dict()}
+        """The training batches' position, and what it means: the data set, its number of training
+        images, the batch size and processes, and the batches an epoch trains."""
+        batches = self._train_batches
+        if batches is None:
+            return {"data": type(self).__name__}
+        per_epoch = len(batches)
+        if self.trainer is not None:  # fewer with limit_train_batches
+            per_epoch = min(per_epoch, self.trainer.num_training_batches)
+        return {**self._meaning(batches), "train_batches": batches.state_dict(),
+                "batches_per_epoch": per_epoch}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._train_state = state_dict.get("train_batches")
+        self._saved = state_dict
+
+    def _meaning(self, batches: DeviceBatches) -> dict:
+        return {"data": type(self).__name__, "train_images": len(batches.images),
+                "batch_size": batches.batch_size, "world_size": batches.world_size}
+
+    def resume(self, batches: DeviceBatches) -> None:
+        """Start `batches` where the checkpoint a fit resumes from stopped, or refuse in one line
+        a position that would mean other images: of another data set (Lightning restores only a
+        state of this class), of another number of training images, or saved mid-epoch with
+        another batch size or number of processes. What an older checkpoint lacks is not
+        compared."""
+        trainer = self.trainer
+        resuming = trainer is not None and trainer.state.fn == "fit" and trainer.ckpt_path
+        checkpoint = trainer.ckpt_path if resuming else "the checkpoint"
+        if resuming and self._saved is None:
+            raise DataError(f"{checkpoint} holds no position in the batches of "
+                            f"{type(self).__name__}: it was saved by a fit on other data; resume "
+                            f"it with the --data it was saved with, or start a new run")
+        now = self._meaning(batches)
+        saved = {**now, **(self._saved or {})}
+        changed = {key for key, value in now.items() if saved[key] != value}
+        if changed & {"data", "train_images"}:
+            raise DataError(f"{checkpoint} was saved on {saved['train_images']} training images of "
+                            f"{saved['data']}, not {now['train_images']} of {now['data']}: resume "
+                            f"it with the data and --data.val_size it was saved with, or start a "
+                            f"new run")
+        position = saved.get("train_batches") or {}
+        if changed and 0 < position.get("batches", 0) < saved.get("batches_per_epoch", 0):
+            raise DataError(f"{checkpoint} was saved mid-epoch (batch {position['batches']} of "
+                            f"{saved['batches_per_epoch']}) in batches of {saved['batch_size']} on "
+                            f"{saved['world_size']} process(es), not {now['batch_size']} on "
+                            f"{now['world_size']}: resume it with --data.batch_size "
+                            f"{saved['batch_size']}, or start a new run")
+        batches.load_state_dict(position)
 
     def gives_floats(self) -> bool:
         """Whether the batches are float images on the 0..1 scale: `float_images` as given; unset,

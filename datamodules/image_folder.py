@@ -27,8 +27,8 @@ def decode_files(paths: list[Path], channels: int,
     for b, (images, errors) in enumerate(ImageFiles(paths, channels, size).loader(batch_size=256)):
         if errors:
             i, error = next(iter(errors.items()))
-            raise DataError(f"cannot read the image {paths[b * 256 + i]} ({error}); "
-                            f"replace or remove it")
+            raise DataError(f"cannot read the image {paths[b * 256 + i]} ({error}); replace "
+                            f"or remove it")
         if isinstance(images, list) or images.shape[1:] != (shape or images.shape[1:]):
             raise DataError(f"the images in {paths[0].parent.parent} are not all of one size; pass "
                             f"--data.image_size N to resize every image to NxN")
@@ -37,7 +37,7 @@ def decode_files(paths: list[Path], channels: int,
 
 
 class ImageFolderDataModule(ImageDataModule):
-    """A folder of your own images (`--data image_folder --data.root DIR`), laid out as for
+    """A folder of your own images (`--data ImageFolderDataModule --data.root DIR`), laid out as for
     torchvision's ImageFolder.
 
     DIR/train/<class>/*, DIR/test/<class>/* and optionally DIR/val/<class>/* (without it, `val_size`
@@ -95,12 +95,9 @@ class ImageFolderDataModule(ImageDataModule):
                             f"or more, each class's images in a folder named after it")
         return classes
 
-    @property
-    def splits_on_disk(self) -> tuple[str, ...]:
-        return ("train", "val", "test") if self.has_val_split else ("train", "test")
-
     def prepare_data(self) -> None:
-        for split in self.splits_on_disk:
+        self.files("train")
+        for split in self._files:
             # decoded and cached once per machine, before the processes of a DDP run read it
             self.read(split)
 
@@ -113,7 +110,7 @@ class ImageFolderDataModule(ImageDataModule):
         """The image files of a split in ImageFolder's order, and their labels (every split is
         listed at once: a link from one into another is then found)."""
         if not self._files:
-            splits = self.splits_on_disk
+            splits = ("train", "val", "test") if self.has_val_split else ("train", "test")
             for other in splits:
                 if self._class_folders(other) != self.classes:
                     raise DataError(f"{self.root / other} must have the same class folders as "
@@ -134,7 +131,9 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _read(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         files, labels = self.files(split)
-        stats = [(str(f), *_stat(f)) for f in files]
+        # what each file was: its size and time (a dangling link has none: decoding names it)
+        stats = [(str(f), st.st_size, st.st_mtime_ns) for f in files if f.exists()
+                 for st in [f.stat()]]
         key = _digest((DECODER_VERSION, split, self.image_size, self.channels, stats))
         settings = _digest((str(self.root), self.image_size, self.channels))[:10]
         cache = Path(self.data_dir).expanduser() / "cache"
@@ -160,28 +159,22 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _images(self, path: Path, count: int, split: str):
         """The cached images of a split, in memory or on disk (`in_memory`); a ValueError for a
-        file that is not the `count` images this data module decodes (damaged, or not ours)."""
+        file that is not the `count` images (N, C, H, W) this data module decodes: damaged, or
+        not ours (uint8 in C order, of the channels and size asked for, and of the training
+        images' shape for the other splits)."""
         images = np.load(path, mmap_mode="r")  # its header: nothing read
-        if not self._is_cache_of(images, count, split):
+        asked = (self.channels, self.image_size, self.image_size)  # None: any
+        if split != "train":
+            asked = self.image_shape
+        laid_out = images.dtype == np.uint8 and images.ndim == 4 and images.flags.c_contiguous
+        as_asked = all(a in (None, n) for a, n in zip(asked, images.shape[1:]))
+        if not (laid_out and as_asked and len(images) == count and images.shape[1] in (1, 3)):
             raise ValueError(f"{path} is not a cache of {count} images")
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         fits_a_quarter = self.in_memory == "auto" and 4 * images.nbytes <= memory
         if self.in_memory is True or fits_a_quarter:
             return torch.from_numpy(np.load(path))
         return DiskImages(path, images.shape, images.offset)
-
-    def _is_cache_of(self, images: np.ndarray, count: int, split: str) -> bool:
-        """Whether a cache file's array is what decoding `count` images of `split` gives: uint8
-        (N, C, H, W) in C order, of the channels and size asked for (and of the training images'
-        shape for the other splits)."""
-        laid_out = images.dtype == np.uint8 and images.ndim == 4 and images.flags.c_contiguous
-        if not laid_out or len(images) != count or images.shape[1] not in (1, 3):
-            return False
-        if split != "train":
-            return images.shape[1:] == tuple(self.image_shape)
-        channels_asked = self.channels in (None, images.shape[1])
-        size_asked = not self.image_size or images.shape[2:] == (self.image_size,) * 2
-        return channels_asked and size_asked
 
     def _decode(self, split: str, files: list[Path], file) -> None:
         """Decode `files` into `file` as a .npy array (N, C, H, W), a batch at a time."""
@@ -227,11 +220,3 @@ class ImageFolderDataModule(ImageDataModule):
 def _digest(value) -> str:
     return hashlib.sha1(repr(value).encode()).hexdigest()
 
-
-def _stat(path: Path) -> tuple[int, ...]:
-    """A file's size and modification time, or nothing for a dangling link."""
-    try:
-        st = path.stat()
-    except OSError:  # a dangling link: decoding names it
-        return ()
-    return st.st_size, st.st_mtime_ns

@@ -11,7 +11,6 @@ pixels over white (PIL's own `convert` clips 16-bit values and drops transparenc
 import functools
 import os
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -62,11 +61,8 @@ def to_8bit(image: Image.Image) -> Image.Image:
         out = np.clip(np.nan_to_num(values.astype(np.float64), nan=0.0), 0, 1) * (256 - 1e-3)
         return Image.fromarray(out.astype(np.uint8), "L")
     # 16: what PNG, PGM (scaled by PIL) and 16-bit TIFFs hold; a TIFF says how many bits it has
-    # (its tag 258)
-    bits = getattr(image, "tag_v2", {}).get(258, 16)
-    if isinstance(bits, tuple):
-        bits = bits[0]
-    bits = min(bits, 31)  # 32 bits: PIL's int32, scaled as torchvision does
+    # (its tag 258, one per sample); 32 bits: PIL's int32, scaled as torchvision does
+    bits = min(int(np.ravel(getattr(image, "tag_v2", {}).get(258, 16))[0]), 31)
     values = np.clip(values.astype(np.int64), 0, 2 ** bits - 1) >> (bits - 8)
     return Image.fromarray(values.astype(np.uint8), "L")
 
@@ -105,20 +101,14 @@ def fit_image(image: Image.Image, image_shape: tuple[int, int, int]) -> torch.Te
     return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
 
 
-def _as_tensor(image, image_shape: tuple[int, int, int]) -> torch.Tensor:
-    """A PIL image fitted to `image_shape`; a tensor as it is."""
-    if isinstance(image, Image.Image):
-        return fit_image(image, image_shape)
-    return torch.as_tensor(image)
-
-
 def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:
     """A uint8 batch (N, C, H, W) from a uint8 tensor (N, C, H, W) or (C, H, W), a PIL image, or a
     list of them."""
     if isinstance(images, Image.Image):
         images = [images]
     if isinstance(images, (list, tuple)):
-        images = torch.stack([_as_tensor(i, image_shape) for i in images])
+        images = torch.stack([fit_image(i, image_shape) if isinstance(i, Image.Image)
+                              else torch.as_tensor(i) for i in images])
     if images.dtype != torch.uint8:
         raise TypeError(f"classify takes uint8 images (0..255) or PIL images, "
                         f"not {images.dtype} tensors")
@@ -130,15 +120,7 @@ def to_uint8_batch(images, image_shape: tuple[int, int, int]) -> torch.Tensor:
     return images
 
 
-class Listing(NamedTuple):
-    """The image files under each of some folders, and the other files there (hidden ones
-    aside)."""
-
-    images: list[list[Path]]
-    skipped: list[Path]
-
-
-def list_images(folders: list[Path]) -> Listing:
+def list_images(folders: list[Path]) -> tuple[list[list[Path]], list[Path]]:
     """The image files (by extension, `is_image`) under each of `folders`, sorted, each real file
     once, and the files that are not images; hidden files and folders are neither.
 
@@ -160,49 +142,34 @@ def list_images(folders: list[Path]) -> Listing:
     for folder in folders:
         first_visit(folder.parent)
         first_visit(folder.parent.parent)
-    # what lies in the folders, without following links
-    listed = [_files_and_links(folder, first_visit) for folder in folders]
-    # then the links, all the way, to what is new
-    found = [sorted(files + _linked_files(links, first_visit)) for files, links in listed]
+    # what lies in the folders, without following links; then the links, all the way, to what is new
+    listed = [_walk(folder, first_visit, follow=False) for folder in folders]
+    found = [sorted(files + [f for link in links for f in _walk(link, first_visit, True)[0]])
+             for files, links in listed]
     images = [[path for path in files if is_image(path.name)] for files in found]
-    skipped = sorted(path for files in found for path in files if not is_image(path.name))
-    return Listing(images, skipped)
+    return images, sorted(path for files in found for path in files if not is_image(path.name))
 
 
-def _files_and_links(folder: Path, first_visit) -> tuple[list[Path], list[Path]]:
-    """The files under `folder` that `first_visit` lets through, hidden ones aside, without
-    following links, and the links there."""
+def _walk(top: Path, first_visit, follow: bool) -> tuple[list[Path], list[Path]]:
+    """The files under `top` (or `top`, a link to a file) that `first_visit` lets through, hidden
+    ones aside, in folders it lets through; and, not following links, the links there."""
+    if not top.is_dir():
+        return list(filter(first_visit, [top])), []
     found, links = [], []
-    for directory, subdirs, files in os.walk(folder):
-        first_visit(Path(directory))
+    for directory, subdirs, files in os.walk(top, followlinks=follow):
+        if not first_visit(Path(directory)):
+            subdirs.clear()
+            continue
         subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        visible = [name for name in sorted(files) if not name.startswith(".")]
-        for name in visible + [d for d in subdirs if Path(directory, d).is_symlink()]:
-            path = Path(directory, name)
-            if path.is_symlink():
+        linked = [d for d in subdirs if not follow and Path(directory, d).is_symlink()]
+        for path in [Path(directory, name) for name in sorted(files) + linked]:
+            if path.name.startswith("."):
+                continue
+            if path.is_symlink() and not follow:
                 links.append(path)
             elif first_visit(path):
                 found.append(path)
     return found, links
-
-
-def _linked_files(links: list[Path], first_visit) -> list[Path]:
-    """The files `links` lead to, following links all the way, hidden ones aside, that
-    `first_visit` lets through."""
-    found = []
-    for link in links:
-        if not link.is_dir():
-            if first_visit(link):
-                found.append(link)
-            continue
-        for directory, subdirs, files in os.walk(link, followlinks=True):
-            if not first_visit(Path(directory)):
-                subdirs.clear()
-                continue
-            subdirs.sort()
-            found += [Path(directory, f) for f in sorted(files)
-                      if not f.startswith(".") and first_visit(Path(directory, f))]
-    return found
 
 
 class ImageFiles(Dataset):

@@ -1,14 +1,13 @@
 """Data modules and device batches: the real torchvision readers, the split, statistics, batching,
 sharding."""
 
-import pickle
 import warnings
-from collections import Counter
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
-from conftest import class_images, write_mnist
+from conftest import class_images, results, run_train, runs, write_cifar10, write_mnist
 
 from datamodules import (
     CIFAR10DataModule,
@@ -17,63 +16,31 @@ from datamodules import (
     FashionMNISTDataModule,
     MNISTDataModule,
 )
-from datamodules.augment import random_crop, random_flip
+from datamodules.augment import mix_seed, random_crop, random_flip
 from datamodules.base import channel_stats
-from lit_common.seeds import mix_seed
+from lit_models import ImageClassifier, LastCheckpoint
 
 
-def test_cifar10_reads_torchvision_pickles_in_nchw_and_hashes_each_file_once_a_read(
-    cifar10_dir, monkeypatch
-):
-    """The real torchvision class reads the files when their checksums are the originals' (here
-    every hash says so); it hashes them as it is made, and nothing hashes them again."""
-    from torchvision.datasets import CIFAR10
+def no_download(*args, **kwargs):
+    raise AssertionError("a download was tried")
 
-    genuine = dict([*CIFAR10.train_list, *CIFAR10.test_list])
-    genuine[CIFAR10.meta["filename"]] = CIFAR10.meta["md5"]
-    hashed = []
 
-    def calculate_md5(path, *args, **kwargs):
-        hashed.append(Path(path).name)
-        return genuine[Path(path).name]
-
-    monkeypatch.setattr("torchvision.datasets.utils.calculate_md5", calculate_md5)
+def test_cifar10_pickles_are_read_as_they_are_in_nchw(cifar10_dir, monkeypatch):
+    """The pickles, read as they are: a copy whose md5 sums are not torchvision's (CI's, written
+    by ../shared/datasets/cifar10_jpeg.py) is read without a word, and nothing is downloaded."""
+    monkeypatch.setattr("datamodules.cifar10.download_and_extract_archive", no_download)
     dm = CIFAR10DataModule(data_dir=str(cifar10_dir), val_size=100)
     dm.prepare_data()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # not the warning of a copy read as it is
+        warnings.simplefilter("error")
         dm.setup("fit")
         dm.setup("test")
-    assert Counter(hashed) == {name: 2 for name in genuine}  # a read of the training and test sets
-    assert (
-        dm.splits["train"][0].dtype == torch.uint8
-        and dm.splits["train"][0].shape == (400, 3, 32, 32)
-    )
-    assert dm.splits["val"][0].shape == (100, 3, 32, 32)
+    train, val = dm.splits["train"][0], dm.splits["val"][0]
+    assert train.dtype == torch.uint8 and train.shape == (400, 3, 32, 32)
+    assert val.shape == (100, 3, 32, 32)
     expected, labels = class_images(700, 3, 32)  # as written: class k is a bright square in cell k
     assert torch.equal(dm.splits["test"][0], torch.from_numpy(expected[500:]).permute(0, 3, 1, 2))
     assert torch.equal(dm.splits["test"][1], torch.from_numpy(labels[500:]))
-
-
-def test_a_cifar10_copy_with_other_checksums_is_read_as_it_is_with_a_warning(cifar10_dir):
-    dm = CIFAR10DataModule(data_dir=str(cifar10_dir))
-    dm.prepare_data()  # the files are there: no download is tried, offline or not
-    with pytest.warns(UserWarning, match="differ from torchvision's checksums; read as they are"):
-        images, labels = dm.read("test")
-    assert images.shape == (200, 3, 32, 32)
-    assert torch.equal(
-        images, torch.from_numpy(class_images(700, 3, 32)[0][500:]).permute(0, 3, 1, 2)
-    )
-
-
-def test_a_damaged_cifar10_file_is_named(cifar10_dir):
-    batch = cifar10_dir / "cifar-10-batches-py" / "test_batch"
-    batch.write_bytes(batch.read_bytes()[:500])
-    with pytest.raises(DataError, match="test_batch is not a whole pickle .*replace it"):
-        CIFAR10DataModule(data_dir=str(cifar10_dir)).read("test")
-    batch.write_bytes(pickle.dumps({"nothing": 1}))
-    with pytest.raises(DataError, match="test_batch is not a CIFAR-10 batch"):
-        CIFAR10DataModule(data_dir=str(cifar10_dir)).read("test")
 
 
 @pytest.mark.parametrize(
@@ -97,11 +64,36 @@ def test_mnist_idx_files_gzipped_or_not(module, folder, compress, tmp_path):
     assert dm.splits["test"][0].shape == (200, 1, 28, 28)
 
 
-def test_missing_data_offline_says_where_to_put_which_files(tmp_path):
-    with pytest.raises(DataError, match="could not be downloaded .*train-images-idx3-ubyte"):
-        MNISTDataModule(data_dir=str(tmp_path / "data")).prepare_data()  # no network here
+def offline(*args, **kwargs):
+    """torchvision's download on a machine without a network (as this one is, but certainly)."""
+    raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried mirror, got:\n"
+                       "<urlopen error [Errno -3] Temporary failure in name resolution>")
+
+
+def test_missing_data_offline_says_where_to_put_which_files(tmp_path, monkeypatch):
+    monkeypatch.setattr("torchvision.datasets.MNIST.download", offline)
+    monkeypatch.setattr("datamodules.cifar10.download_and_extract_archive", offline)
+    with pytest.raises(DataError) as error:
+        MNISTDataModule(data_dir=str(tmp_path / "data")).prepare_data()
+    assert str(error.value) == (
+        f"MNIST is not in {tmp_path / 'data' / 'MNIST' / 'raw'} and could not be downloaded "
+        f"(<urlopen error [Errno -3] Temporary failure in name resolution>). Put its four IDX "
+        f"files there, gzipped or not: train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+        f"t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, or pass --data.data_dir with the "
+        f"folder that holds it")
     with pytest.raises(DataError, match="download is false"):
         MNISTDataModule(data_dir=str(tmp_path), download=False).prepare_data()
+    with pytest.raises(DataError, match=r"^CIFAR-10 is not whole in .* could not be downloaded "
+                                        r"\(<urlopen .*\)\. Put cifar-10-python.tar.gz \(from "
+                                        r"https://www.cs.toronto.edu/\S+\), or its extracted "
+                                        r"cifar-10-batches-py/, in "):
+        CIFAR10DataModule(data_dir=str(tmp_path)).prepare_data()
+
+
+def test_a_missing_cifar10_batch_is_named(tmp_path):
+    (write_cifar10(tmp_path) / "cifar-10-batches-py" / "data_batch_4").unlink()
+    with pytest.raises(DataError, match=r"CIFAR-10 is not whole in .*batches-py \(no data_batch_4"):
+        CIFAR10DataModule(data_dir=str(tmp_path), download=False).prepare_data()
 
 
 @pytest.mark.parametrize(
@@ -162,6 +154,91 @@ def test_channel_stats_are_exact():
     assert torch.allclose(
         torch.tensor(std, dtype=torch.float64), x.std((0, 2, 3), correction=0), atol=1e-9
     )
+
+
+# --- a fit resumed where its checkpoint's position would mean other images: refused in one line
+# -----------------------------------------------------------------------------------------------
+
+QUIET = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+
+
+def fit(data, folder: Path, ckpt_path=None, **trainer) -> L.Trainer:
+    """ImageClassifier's MLP fitted on `data` from Python, with folder/checkpoints/last.ckpt at
+    every third step too."""
+    trainer = L.Trainer(default_root_dir=folder, callbacks=[LastCheckpoint(every_n_train_steps=3)],
+                        **QUIET, **trainer)
+    trainer.fit(ImageClassifier("mlp"), datamodule=data, ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def mid_epoch(tmp_path_factory) -> tuple[Path, Path]:
+    """A data folder with MNIST and Fashion-MNIST, and an MNIST checkpoint in the middle of its
+    first epoch: after batch 3 of 8 (540 training images, batches of 64)."""
+    folder = tmp_path_factory.mktemp("mid_epoch")
+    data = write_mnist(folder / "data")
+    write_mnist(data, folder="FashionMNIST")
+    fit(MNISTDataModule(str(data), batch_size=64), folder, max_steps=3)
+    return data, folder / "checkpoints" / "last.ckpt"
+
+
+RESUMED_ON = {
+    "another data set": (FashionMNISTDataModule, {}, "holds no position in the batches of "
+                         "FashionMNISTDataModule: it was saved by a fit on other data"),
+    "another batch size mid-epoch": (MNISTDataModule, {"batch_size": 32}, (
+        "was saved mid-epoch (batch 3 of 8) in batches of 64 on 1 process(es), not 32 on 1: "
+        "resume it with --data.batch_size 64, or start a new run")),
+    "another validation split": (MNISTDataModule, {"val_size": 100}, (
+        "was saved on 540 training images of MNISTDataModule, not 500 of MNISTDataModule: "
+        "resume it with the data and --data.val_size it was saved with, or start a new run")),
+}
+
+
+@pytest.mark.parametrize("change", RESUMED_ON)
+def test_a_resume_whose_position_means_other_images_is_refused(change, mid_epoch, tmp_path):
+    """Lightning's own hooks: the same from Python as from train.py (defect 5 of issue 56)."""
+    data, checkpoint = mid_epoch
+    module, options, said = RESUMED_ON[change]
+    with pytest.raises(DataError) as error:
+        fit(module(str(data), **{"batch_size": 64, **options}), tmp_path, checkpoint, max_steps=6)
+    assert str(error.value).startswith(f"{checkpoint} {said}") and "\n" not in str(error.value)
+
+
+def test_the_same_data_resumes_and_an_older_checkpoint_is_not_refused(mid_epoch, tmp_path):
+    data, checkpoint = mid_epoch
+    assert fit(MNISTDataModule(str(data), batch_size=64), tmp_path, checkpoint,
+               max_steps=6).global_step == 6
+    # A checkpoint of a version that saved the position alone: what it means is unknown, and
+    # the fit goes on (with another batch size too).
+    older = torch.load(checkpoint, weights_only=True)
+    older["MNISTDataModule"] = {"train_batches": older["MNISTDataModule"]["train_batches"]}
+    torch.save(older, tmp_path / "older.ckpt")
+    assert fit(MNISTDataModule(str(data), batch_size=32), tmp_path, tmp_path / "older.ckpt",
+               max_steps=6).global_step == 6
+
+
+def test_on_the_command_line_another_data_set_is_refused_and_a_batch_size_at_an_epochs_end_applies(
+    tmp_path, monkeypatch, capsys
+):
+    data = write_mnist(tmp_path / "data")
+    write_mnist(data, folder="FashionMNIST")
+    monkeypatch.chdir(tmp_path)
+    assert run_train(["--model", "mlp", "--data.data_dir", str(data), "--trainer.max_epochs", "1",
+                      "--data.batch_size", "64"]) == 0
+    (run,) = runs(tmp_path)
+    before = (run / "results.json").read_text()
+    capsys.readouterr()
+    assert run_train(["--ckpt_path", "last", "--data", "FashionMNISTDataModule"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        f"train.py: error: {run / 'checkpoints' / 'last.ckpt'} holds no position in the batches "
+        f"of FashionMNISTDataModule: it was saved by a fit on other data; resume it with the "
+        f"--data it was saved with, or start a new run")
+    assert (run / "results.json").read_text() == before
+    # At the end of an epoch, another batch size is no other position: it applies.
+    assert run_train(["--ckpt_path", "last", "--data.batch_size", "32",
+                      "--trainer.max_epochs", "2"]) == 0
+    assert results(run)["global_step"] == 8 + 540 // 32 and results(run)["epochs"] == 2
 
 
 # --- DeviceBatches

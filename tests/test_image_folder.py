@@ -1,5 +1,5 @@
-"""`--data image_folder`: folders of image files written here, read through the real module, decoder
-and CLI."""
+"""`--data ImageFolderDataModule`: folders of image files written here, read through the real
+module, decoder and CLI."""
 
 import os
 import struct
@@ -226,7 +226,7 @@ def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
                     (root / split / name / f"{i:05d}.jpg").write_bytes(jpeg.getvalue())
         decoded = (n + 4 * 16) * 3 * size * size
         args = ["--model", "quick_cnn", "--model.net.channels", "[6, 16, 16]",
-                "--data", "image_folder", "--data.root", str(root),
+                "--data", "ImageFolderDataModule", "--data.root", str(root),
                 "--data.data_dir", str(tmp_path / "data"), "--data.in_memory", "false",
                 "--data.batch_size", "8", "--data.eval_batch_size", "8",
                 "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
@@ -240,7 +240,7 @@ def test_a_folder_larger_than_its_memory_budget_trains_from_disk(tmp_path):
         (cache,) = (tmp_path / "data" / "cache").glob("*-train-*.npy")
         # the whole folder, decoded once
         assert np.load(cache, mmap_mode="r").shape == (n, 3, size, size)
-        assert results(runs(tmp_path)[0])["test/acc"] is not None
+        assert results(runs(tmp_path)[0])["metrics"]["test/acc"] is not None
         assert peak < decoded / 2, f"{peak / 1e9:.2f} GB held for {decoded / 1e9:.2f} GB of images"
     finally:
         # not kept as pytest keeps its last runs: it is gigabytes
@@ -410,7 +410,7 @@ def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
                 "--model",
                 "cnn",
                 "--data",
-                "image_folder",
+                "ImageFolderDataModule",
                 "--data.root",
                 str(png_dir),
                 "--data.batch_size",
@@ -422,7 +422,7 @@ def test_cli_fits_and_tests_on_an_image_folder(png_dir, tmp_path, monkeypatch):
         == 0
     )
     record = results(runs(tmp_path)[0])
-    assert record["data"] == "image_folder" and record["test/acc"] is not None
+    assert record["data"] == "image_folder" and record["metrics"]["test/acc"] is not None
     assert list(record["test/acc_per_class"]) == sorted(CLASSES)
 
 
