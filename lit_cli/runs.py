@@ -7,10 +7,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
 from lit_cli.errors import UsageError
 from lit_models import ModelError
+from lit_models.callbacks import run_folder
 
 # How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
 # logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials and a test's logs lie deeper.
@@ -49,6 +51,9 @@ def replay(subcommand: str, spec: str, args: list[str], configured: bool) -> lis
     run = path.parent.parent
     config = run / "config.yaml"
     if subcommand == "fit":
+        if "optimizer_states" not in contents:  # else Lightning ends in a KeyError, a traceback
+            raise UsageError(f"{path} holds weights alone, no optimizer state to go on from: "
+                             f"test, predict or export it, or start a new run")
         base = []
         if not configured:
             base = ["--config", str(config)] if config.is_file() else parts(path, contents, args)
@@ -59,7 +64,7 @@ def replay(subcommand: str, spec: str, args: list[str], configured: bool) -> lis
         base = parts(path, contents, args) + ["--trainer.devices=1", "--trainer.num_nodes=1"]
         if subcommand in ("predict", "export"):
             base.append("--trainer.logger=false")
-        elif option(args, "--trainer.default_root_dir") is None:
+        elif not option(args, "--trainer.default_root_dir") and path.parent.name == "checkpoints":
             base.append(f"--trainer.default_root_dir={run / subcommand}")
         rank_zero_only(print)(f"Using {path} (epoch {contents.get('epoch')}, step "
                               f"{contents.get('global_step')})")
@@ -74,9 +79,8 @@ def checkpoint(spec: str, subcommand: str, root: Path) -> Path:
     if spec in ("best", "last") and not path.exists():
         return run_file(newest_run(spec, root), spec)
     if path.is_dir():
-        if subcommand == "fit" or record(path).get("best_model_path") is None:
-            return run_file(path, "last")
-        return run_file(path, "best")
+        use_best = subcommand != "fit" and record(path).get("best_model_path") is not None
+        return run_file(path, "best" if use_best else "last")
     return path
 
 
@@ -88,8 +92,7 @@ def run_file(run: Path, which: str) -> Path:
         found = Path(record(run).get("best_model_path") or run / "no best checkpoint")
     if not found.is_file():
         raise UsageError(f"--ckpt_path {which}: the run {run} has no {which} checkpoint (a fit "
-                         f"without validation, or without checkpoints, keeps none); give a "
-                         f"checkpoint file")
+                         f"without validation or checkpoints keeps none); give a checkpoint file")
     return found
 
 
@@ -130,9 +133,10 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def parts(path: Path, contents: dict, args: list[str]) -> list[str]:
-    """The model and data module a checkpoint was made of, as `--model` and `--data` take them
-    (LightningCLI saves their class paths with their settings)."""
-    given = []
+    """The model and data module a checkpoint was made of (LightningCLI saves their class paths
+    with their settings), as a configuration beneath the command line: as `--model` and `--data`,
+    each class would start from its own defaults (command_line.from_own_defaults)."""
+    given = {}
     for key, hparams in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
         saved = dict(contents.get(hparams) or {})
         class_path = saved.pop("_class_path", None)
@@ -140,24 +144,36 @@ def parts(path: Path, contents: dict, args: list[str]) -> list[str]:
             class_path = "lit_models.ImageClassifier"
         if class_path is not None:
             init = {k: v for k, v in saved.items() if not k.startswith("_")}
-            given.append(f"--{key}={json.dumps({'class_path': class_path, 'init_args': init})}")
+            given[key] = {"class_path": class_path, "init_args": init}
         elif option(args, f"--{key}") is None:
             raise UsageError(f"{path} does not say which {key} it was made of: pass --{key}")
-    return given
+    return ["--config", json.dumps(given)]
 
 
 def own_logger(run: Path, config: Path) -> list[str]:
     """The run's logger (TensorBoard's or CSV's) writing on in the run's own folder, not a new one;
     other loggers (MLflow, W&B) start a run of their own."""
-    spec = {}
-    if config.is_file():
-        spec = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("trainer", {})
-        spec = spec.get("logger")
+    try:  # a config.yaml damaged by hand: jsonargparse refuses it in one line as it reads it
+        spec = yaml.safe_load(config.read_text(encoding="utf-8"))["trainer"]["logger"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        spec = None
     if not isinstance(spec, dict):  # Lightning's default
         spec = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
-    in_its_run = (run / "checkpoints").is_dir()
-    if not (spec["class_path"].endswith(LOGGERS_WITH_FOLDERS) and in_its_run):
+    if not (run / "checkpoints").is_dir() or not spec["class_path"].endswith(LOGGERS_WITH_FOLDERS):
         return []
     where = {"save_dir": str(run.parent.parent), "name": run.parent.name, "version": run.name}
     logger = {"class_path": spec["class_path"], "init_args": {**spec.get("init_args", {}), **where}}
     return [f"--trainer.logger={json.dumps(logger)}"]
+
+
+class SaveConfig(SaveConfigCallback):
+    """LightningCLI's config.yaml, in the run's own folder (`run_folder`), none where a command logs
+    nowhere: LightningCLI's goes to `trainer.log_dir`, the working folder without a logger and the
+    save_dir every MLflow or W&B run shares, and refuses the second run there
+    (Lightning-AI/pytorch-lightning#17168). LightningCLI gives it `save_to_log_dir=False`."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        folder = run_folder(trainer)
+        if folder is not None:
+            self.parser.save(self.config, str(Path(folder, self.config_filename)),
+                             skip_none=False, overwrite=self.overwrite, multifile=self.multifile)

@@ -1,5 +1,6 @@
 """TensorBoard's dashboards of a run, read back from its event files with TensorBoard's own
-reader."""
+reader: the learning rate of every step, test images and confusions, the Custom Scalars layout;
+and what other loggers get."""
 
 import io
 import re
@@ -11,45 +12,11 @@ import torch
 from conftest import results, run_train, runs, scalars, write_mnist
 from PIL import Image
 
-from lit_models.dashboards import flatten, prediction_grid
-
-EXPECTED_COLUMNS = {  # the MLP recipe's settings, and nothing LightningCLI or Lightning adds
-    "Model",
-    "Network",
-    "model/net/hidden",
-    "model/image_shape",
-    "model/num_classes",
-    "model/mean",
-    "model/std",
-    "model/mixup",
-    "model/cutmix",
-    "Learning rate",
-    "model/label_smoothing",
-    "model/flip_test",
-    "model/translate_test",
-    "model/channels_last",
-    "model/compile",
-    "data",
-    "data/data_dir",
-    "Batch size",
-    "data/eval_batch_size",
-    "data/split_seed",
-    "data/crop_padding",
-    "data/padding_mode",
-    "data/flip",
-    "data/on_device",
-    "data/download",
-    "Optimizer",
-    "optimizer/lr",
-    "optimizer/betas",
-    "optimizer/eps",
-    "optimizer/weight_decay",
-    "scheduler",
-    "Epochs",
-}
+from lit_models.dashboards import prediction_grid
 
 
 def events(run):
+    """The run's TensorBoard events, every kind kept whole."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(
@@ -69,19 +36,6 @@ def images(run) -> dict[str, tuple[int, Image.Image]]:
     }
 
 
-def hparams_tab(run) -> tuple[dict, list[str]]:
-    """The HParams plugin's view of a run: its session's settings and the experiment's metric
-    names."""
-    from tensorboard.plugins.hparams import metadata
-
-    content = events(run).PluginTagToContent(metadata.PLUGIN_NAME)
-    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
-    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
-    values = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
-    assert {h.name for h in experiment.hparam_infos} == set(values)
-    return values, [m.name.tag for m in experiment.metric_infos]
-
-
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """The MLP recipe for 2 epochs on MNIST IDX files, logging every step, then its test again
@@ -90,55 +44,39 @@ def fitted(tmp_path_factory):
     data = write_mnist(cwd / "data")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(cwd)
-        common = ["--data.data_dir", str(data), "--data.batch_size", "64"]
-        fit = [
-            "--model",
-            "mlp",
-            *common,
-            "--trainer.max_epochs",
-            "2",
-            "--trainer.log_every_n_steps",
-            "1",
-        ]
+        fit = ["--model", "mlp", "--data.data_dir", str(data), "--data.batch_size", "64",
+               "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1"]
         assert run_train(fit) == 0
-        assert (
-            run_train(["test", "--ckpt_path", "best", *common, "--data.eval_batch_size", "50"]) == 0
-        )
+        assert run_train(["test", "--ckpt_path", "best", "--data.eval_batch_size", "50"]) == 0
     (fit,) = runs(cwd)  # the test logs inside the run it tests
-    return SimpleNamespace(fit=fit, test=fit / "test" / "version_0")
+    return SimpleNamespace(fit=fit, test=fit / "test" / "lightning_logs" / "version_0")
 
 
-@pytest.mark.slow
 def test_the_learning_rate_of_every_optimizer_step(fitted):
     steps = results(fitted.fit)["global_step"]
     lr = scalars(fitted.fit)["lr-AdamW"]
     assert steps == 2 * (540 // 64) and len(lr) == steps
-    peak = int(
-        np.argmax(lr)
-    )  # OneCycle with a fifth of the run warming up: up, then down to near zero
-    assert (
-        0 < peak < steps - 1
-        and lr[peak] == pytest.approx(0.015, rel=0.05)
-        and lr[-1] < lr[0] < lr[peak]
-    )
+    # OneCycle with a fifth of the run warming up: up, then down to near zero
+    peak = int(np.argmax(lr))
+    assert 0 < peak < steps - 1 and lr[peak] == pytest.approx(0.015, rel=0.05)
+    assert lr[-1] < lr[0] < lr[peak]
 
 
-@pytest.mark.slow
 def test_test_images_and_confusion_matrix(fitted):
     shown = images(fitted.fit)
     assert set(shown) == {"test/predictions", "test/confusion_matrix"}
     step, grid = shown["test/predictions"]
     assert step == results(fitted.fit)["global_step"]
-    # 32 of the 200 test images, 8 a row; 28 pixels enlarged 3 times, in cells of 96 + 2 * 4 by 84 +
-    # 2 * 14 + 3 * 4
+    # 32 of the 200 test images, 8 a row; 28 pixels enlarged 3 times, in cells of 96 + 2 * 4 by
+    # 84 + 2 * 14 + 3 * 4
     assert grid.size == (8 * 104, 4 * 124)
     step, confusion = shown["test/confusion_matrix"]
     assert confusion.width == confusion.height > 10 * 40
-    # Counted before the model's own hook resets its confusion matrix: the diagonal of a model this
-    # accurate is dark.
+    # Counted before the model's own hook resets its confusion matrix: the diagonal of a model
+    # this accurate is dark.
     pixels = np.asarray(confusion).astype(int)
     dark_blue = (pixels[..., 2] > 150) & (pixels[..., 0] < 100)
-    assert results(fitted.fit)["test/acc"] > 0.9 and dark_blue.sum() > 10 * 30 * 30
+    assert results(fitted.fit)["metrics"]["test/acc"] > 0.9 and dark_blue.sum() > 10 * 30 * 30
     # The test run of the same checkpoint, in 4 batches of 50: 8 images of each batch, the same
     # confusions.
     again = images(fitted.test)
@@ -147,13 +85,12 @@ def test_test_images_and_confusion_matrix(fitted):
     assert again["test/confusion_matrix"][1].tobytes() == confusion.tobytes()
 
 
-@pytest.mark.slow
 def test_custom_scalars_layout(fitted):
     from tensorboard.plugins.custom_scalar import layout_pb2, metadata
     from tensorboard.util import tensor_util
 
     written = events(fitted.fit).Tensors(metadata.CONFIG_SUMMARY_TAG)
-    assert len(written) == 1  # once a run, not again at test
+    assert len(written) == 1  # once a run, not again at its test
     layout = layout_pb2.Layout.FromString(tensor_util.make_ndarray(written[0].tensor_proto).item())
     charts = {
         chart.title: list(chart.multiline.tag)
@@ -165,66 +102,10 @@ def test_custom_scalars_layout(fitted):
         "accuracy": ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"],
     }
     tags = scalars(fitted.fit)
-    assert all(
-        len(tags[tag]) == 2
-        for tag in ("train/loss_epoch", "val/loss", "train/acc_epoch", "val/acc")
-    )
-    assert all(
-        any(re.search(pattern, tag) for tag in tags)
-        for chart in charts.values()
-        for pattern in chart
-    )
-
-
-@pytest.mark.slow
-def test_hparams_columns(fitted):
-    values, metrics = hparams_tab(fitted.fit)
-    assert set(values) == EXPECTED_COLUMNS
-    assert (
-        values["Network"] == "TutorialMLP" and values["model/net/hidden"] == 128
-    )  # the real widths
-    assert values["Optimizer"] == "AdamW" and values["scheduler"] == "OneCycle"
-    assert values["Batch size"] == 64 and values["Epochs"] == 2
-    assert values["Learning rate"] == values["optimizer/lr"] == pytest.approx(0.015)
-    assert values["model/channels_last"] == "true" and values["optimizer/betas"] == "0.9, 0.999"
-    assert metrics == ["val/acc_best", "test/acc"]
-    tags = scalars(fitted.fit)  # what the tab shows for them: their last values
-    assert tags["test/acc"][-1] == pytest.approx(results(fitted.fit)["test/acc"])
-    assert tags["val/acc_best"][-1] == pytest.approx(results(fitted.fit)["val/acc_best"])
-    # A test of a checkpoint is a run of its own: its settings, as the checkpoint holds them.
-    values, metrics = hparams_tab(fitted.test)
-    assert values["Network"] == "TutorialMLP" and values["model/image_shape"] == "1, 28, 28"
-    assert "Optimizer" not in values
-    for run in (fitted.fit, fitted.test):
-        assert not any(name.startswith("_") or "/_" in name for name in hparams_tab(run)[0])
-        assert -1 not in hparams_tab(run)[0].values()
-
-
-def test_flatten_any_nesting():
-    params = {
-        "_instantiator": "lightning.pytorch.cli.instantiate_module",
-        "_class_path": "x.Y",
-        "lr": 0.1,
-        "net": {
-            "class_path": "lit_models.networks.TutorialMLP",
-            "init_args": {"hidden": 128, "widths": [6, 16]},
-        },
-        "num_classes": -1,
-        "mean": None,
-        "flip": True,
-        "class_names": [str(k) for k in range(10)],
-        "optimizer": torch.optim.SGD,
-        "std": (0.30810001, 0.5),
-    }
-    assert flatten(params, "model/") == {
-        "model/lr": 0.1,
-        "model/net": "TutorialMLP",
-        "model/net/hidden": 128,
-        "model/net/widths": "6, 16",
-        "model/flip": "true",
-        "model/optimizer": "SGD",
-        "model/std": "0.3081, 0.5",
-    }
+    epochs = ("train/loss_epoch", "val/loss", "train/acc_epoch", "val/acc")
+    assert all(len(tags[tag]) == 2 for tag in epochs)
+    assert all(any(re.search(pattern, tag) for tag in tags)
+               for chart in charts.values() for pattern in chart)
 
 
 def test_prediction_grid_marks_mistakes():
@@ -232,13 +113,11 @@ def test_prediction_grid_marks_mistakes():
     labels, predicted = torch.arange(10), torch.arange(10)
     predicted[3] = 4
     grid = np.asarray(prediction_grid(images, labels, predicted, [f"class {k}" for k in range(10)]))
-    assert grid.shape == (
-        2 * (96 + 28 + 12),
-        8 * 104,
-        3,
-    )  # 32 pixels enlarged 3 times; two rows of 8
+    # 32 pixels enlarged 3 times; two rows of 8
+    assert grid.shape == (2 * (96 + 28 + 12), 8 * 104, 3)
 
-    def red(i):  # pixels of the frame and caption colour of a mistake, in image i's cell
+    def red(i):
+        """Pixels of the frame and caption colour of a mistake, in image i's cell."""
         row, col = divmod(i, 8)
         cell = grid[row * 136 : (row + 1) * 136, col * 104 : (col + 1) * 104].astype(int)
         return int(((cell[..., 0] > 150) & (cell[..., 1] < 60) & (cell[..., 2] < 60)).sum())
@@ -246,38 +125,19 @@ def test_prediction_grid_marks_mistakes():
     assert red(3) > 4 * 96 and all(red(i) == 0 for i in range(10) if i != 3)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("logger", ["CSVLogger", "MLFlowLogger", "false"])
 def test_other_loggers(logger, mnist_dir, in_tmp, monkeypatch):
     """CSV: no images, no error; MLflow: the images as artifacts; no logger: nothing, no error."""
-    monkeypatch.setenv(
-        "MLFLOW_ALLOW_FILE_STORE", "true"
-    )  # mlflow 3 refuses new file stores without it
+    # mlflow 3 refuses new file stores without it
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     options = {
         "CSVLogger": ["--trainer.logger.save_dir", "logs"],
         "MLFlowLogger": ["--trainer.logger.tracking_uri", f"file:{in_tmp / 'mlruns'}"],
         "false": [],
     }[logger]
-    assert (
-        run_train(
-            [
-                "--model",
-                "mlp",
-                "--data.data_dir",
-                str(mnist_dir),
-                "--data.batch_size",
-                "64",
-                "--trainer.max_epochs",
-                "1",
-                "--trainer.log_every_n_steps",
-                "1",
-                "--trainer.logger",
-                logger,
-                *options,
-            ]
-        )
-        == 0
-    )
+    assert run_train(["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size",
+                      "64", "--trainer.max_epochs", "1", "--trainer.log_every_n_steps", "1",
+                      "--trainer.logger", logger, *options]) == 0
     pictures = sorted(in_tmp.glob("mlruns/**/artifacts/test/*.png"))
     assert [p.name for p in pictures] == (
         ["confusion_matrix.png", "predictions.png"] if logger == "MLFlowLogger" else []
@@ -291,22 +151,22 @@ def test_other_loggers(logger, mnist_dir, in_tmp, monkeypatch):
 
 
 def test_learning_rate_monitor_steps_aside(mnist_dir, in_tmp):
-    """The default monitor logs every step; a user's replaces it; without a logger (Lightning
-    refuses it), none."""
+    """The default monitor logs every step; `callbacks+=` adds a user's beside it, `callbacks=`
+    replaces the defaults (LightningCLI's list options); without a logger (Lightning refuses a
+    monitor there), none."""
     from lightning.pytorch.callbacks import LearningRateMonitor
 
     import train
 
     def monitors(*args):
-        cli = train.TrainCLI(
-            ["--model", "mlp", "--data.data_dir", str(mnist_dir), *args], run=False
-        )
-        return [
-            c.logging_interval for c in cli.trainer.callbacks if isinstance(c, LearningRateMonitor)
-        ]
+        """The logging intervals of the LearningRateMonitors a fit of `args` would run."""
+        cli = train.TrainCLI(["--model", "mlp", "--data.data_dir", str(mnist_dir), *args],
+                             run=False)
+        callbacks = cli.trainer.callbacks
+        return [c.logging_interval for c in callbacks if isinstance(c, LearningRateMonitor)]
 
     assert monitors() == ["step"]
-    assert monitors(
-        "--trainer.callbacks+=LearningRateMonitor", "--trainer.callbacks.logging_interval=epoch"
-    ) == ["epoch"]
+    epoch = "--trainer.callbacks.logging_interval=epoch"
+    assert monitors("--trainer.callbacks+=LearningRateMonitor", epoch) == ["step", "epoch"]
+    assert monitors("--trainer.callbacks=LearningRateMonitor", epoch) == ["epoch"]
     assert monitors("--trainer.logger", "false") == []

@@ -1,20 +1,16 @@
 """Class names and run names kept whole: as given in results.json, config.yaml, the predictions
-CSV, the ONNX metadata and the console; TensorBoard's tags made of safe characters, with a text
-that names each tag's class."""
+CSV, the exported file's class names and the console; TensorBoard's tags made of safe characters,
+with a text that names each tag's class."""
 
 import csv
 import html
 import json
 import re
 
-import pytest
 import yaml
 from conftest import class_images, results, run_train, runs, scalars
 from PIL import Image
-from sqlalchemy.engine import make_url
 from torchvision.datasets import FashionMNIST
-
-import sweep
 
 # What a folder name may hold: spaces, dots, a leading dash, letters beyond ASCII, '#', '%', ':'.
 NAMES = ["a b", "x.y", "-lead", "ünï", "c#1", "50%", "k:v"]
@@ -35,6 +31,7 @@ def write_named_folder(root):
 
 
 def per_class_tags(run) -> list[str]:
+    """The run's per-class accuracy tags, each asserted to be of safe characters."""
     tags = [tag for tag in scalars(run) if tag.startswith("test/acc_class/")]
     assert all(TAG.fullmatch(tag.split("/", 2)[2]) for tag in tags), tags
     return tags
@@ -52,21 +49,20 @@ def tag_text(run) -> str:
     return html.unescape(re.sub("<[^>]+>", "", markdown_to_safe_html(source)))
 
 
-@pytest.mark.slow
 def test_class_and_run_names_are_whole_in_every_record(tmp_path, monkeypatch, capsys):
     root = write_named_folder(tmp_path / "images")
     monkeypatch.chdir(tmp_path)
     logger = ["--trainer.logger", "TensorBoardLogger", "--trainer.logger.init_args.save_dir",
               "logs", "--trainer.logger.init_args.name", RUN,
               "--trainer.logger.init_args.version", VERSION]
-    data = ["--data", "image_folder", "--data.root", str(root), "--data.batch_size", "16"]
-    assert run_train(["--model.net", "mlp", *data, "--trainer.max_epochs", "1", *logger]) == 0
+    data = ["--data", "ImageFolderDataModule", "--data.root", str(root), "--data.batch_size",
+            "16"]
+    assert run_train(["--model", "mlp", *data, "--trainer.max_epochs", "1", *logger]) == 0
     run = tmp_path / "logs" / RUN / VERSION
-    fit_said = capsys.readouterr().out
-    assert f"logs in logs/{RUN}/{VERSION}" in fit_said
+    assert f"logs in logs/{RUN}/{VERSION}" in capsys.readouterr().out
 
     text = (run / "results.json").read_text(encoding="utf-8")
-    assert all(f'"{name}": ' in text for name in NAMES) and RUN in text
+    assert all(f'"{name}": ' in text for name in NAMES) and RUN in text  # not \u escapes
     assert set(results(run)["test/acc_per_class"]) == set(NAMES)
     config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     assert config["trainer"]["logger"]["init_args"]["name"] == RUN
@@ -85,17 +81,15 @@ def test_class_and_run_names_are_whole_in_every_record(tmp_path, monkeypatch, ca
     assert {row["true_label"] for row in rows} == set(NAMES)
     assert {row["label"] for row in rows} <= set(NAMES)
 
-    import onnx
+    # The class names an exported file carries (ONNX's metadata holds the same text).
+    assert run_train(["export", "--ckpt_path", str(run), "--format", "torchscript", "--output",
+                      "m.pt"]) == 0
+    classes = (tmp_path / "m.pt.classes.json").read_text(encoding="utf-8")
+    assert json.loads(classes) == sorted(NAMES) and "ünï" in classes
 
-    assert run_train(["export", "--ckpt_path", str(run), "--format", "onnx", "--output",
-                      "m.onnx"]) == 0
-    meta = {p.key: p.value for p in onnx.load("m.onnx").metadata_props}
-    assert json.loads(meta["classes"]) == sorted(NAMES) and "ünï" in meta["classes"]
 
-
-@pytest.mark.slow
 def test_a_class_name_with_a_slash_is_one_class_not_a_tag_path(fashion_mnist_dir, in_tmp):
-    args = ["--model.net", "mlp", "--data", "fashion_mnist", "--data.data_dir",
+    args = ["--model", "mlp", "--data", "FashionMNISTDataModule", "--data.data_dir",
             str(fashion_mnist_dir), "--trainer.max_epochs", "1", "--data.batch_size", "64"]
     assert run_train(args) == 0
     (run,) = runs(in_tmp)
@@ -104,7 +98,10 @@ def test_a_class_name_with_a_slash_is_one_class_not_a_tag_path(fashion_mnist_dir
     assert "test/acc_class/T-shirt_top: T-shirt/top" in tag_text(run).splitlines()
 
 
-@pytest.mark.parametrize("name", ["a?b", "x%41y", "s #1 50% ünï"])
-def test_a_sweeps_study_is_in_its_own_folder_whatever_its_name(name, tmp_path):
-    folder = tmp_path / "sweeps" / name
-    assert make_url(sweep.study_url(folder)).database == str(folder / "study.db")
+def test_class_names_that_share_a_tag_get_one_each():
+    """'a b' and 'a_b' are both 'a_b' made safe: each takes its class's number."""
+    from lit_models.tags import class_metrics
+
+    assert class_metrics(["a b", "a_b", "T-shirt/top", "ünï"], "test") == {
+        "test/acc_class/a_b_0": "a b", "test/acc_class/a_b_1": "a_b",
+        "test/acc_class/T-shirt_top": "T-shirt/top", "test/acc_class/ünï": "ünï"}
