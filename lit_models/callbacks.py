@@ -43,7 +43,7 @@ class LastCheckpoint(ModelCheckpoint):
         super().__init__(filename=filename, monitor=None, save_top_k=1,
                          enable_version_counter=False,
                          every_n_train_steps=every_n_train_steps or None)
-        self.stopped_by: str | None = None  # "SIGTERM" or "Ctrl-C", once a fit stopped on one
+        self.stopped_by: str | None = None  # "Ctrl-C" once Ctrl-C stopped a stage (else SIGTERM)
         self.saved_on_stop: str | None = None
         self.handlers: dict = {}
 
@@ -67,7 +67,6 @@ class LastCheckpoint(ModelCheckpoint):
 
     def note_sigterm(self, signum, frame):
         self.noted = True
-        self.stopped_by = self.stopped_by or "SIGTERM"
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -78,17 +77,21 @@ class LastCheckpoint(ModelCheckpoint):
             self.lightning_sigterm(signal.SIGTERM, None)
 
     def teardown(self, trainer, pl_module, stage):
-        for signum, handler in self.handlers.items():
-            signal.signal(signum, handler)
-        self.handlers = {}
+        while self.handlers:
+            signal.signal(*self.handlers.popitem())
+        # Lightning's loops stop at a SIGTERM only before their last batch: one after it (the last
+        # step, a test's last batch) stops the command here, not as a success.
+        if trainer.received_sigterm and not trainer.interrupted:
+            raise SIGTERMException
 
     def on_exception(self, trainer, pl_module, exception):
         # In validation too: Lightning resumes a fit in the middle of its validation as well.
         # Before its first step a fit has nothing to go on from.
         self.teardown(trainer, pl_module, "fit")
+        if isinstance(exception, KeyboardInterrupt):  # Lightning ends it with exit(1): say why
+            self.stopped_by = "Ctrl-C"
         fitting = trainer.state.fn == "fit" and not trainer.sanity_checking
         if isinstance(exception, SIGTERMException) and fitting and trainer.global_step > 0:
-            self.stopped_by = self.stopped_by or "SIGTERM"
             self.saved_on_stop = self.format_checkpoint_name({})
             trainer.save_checkpoint(self.saved_on_stop, weights_only=False)
 
@@ -97,12 +100,12 @@ def run_folder(trainer) -> str | None:
     """The run's own folder, where a logger made one: TensorBoard's and CSV's `log_dir`; for a
     logger that keeps its runs elsewhere (MLflow, Weights & Biases), `save_dir/name/version`, where
     Lightning puts the run's checkpoints. Lightning's `trainer.log_dir` is such a logger's
-    save_dir, which every run would share."""
+    save_dir, which every run would share. The first process's (the loggers write there)."""
     if not trainer.loggers or trainer.fast_dev_run:  # Lightning's DummyLogger: no run folder
         return None
     logger = trainer.loggers[0]
     if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-        return trainer.log_dir  # (on every process: Lightning broadcasts it)
+        return logger.log_dir
     save_dir = logger.save_dir or trainer.default_root_dir
     return str(Path(save_dir, str(logger.name), str(logger.version)).absolute())
 
@@ -131,8 +134,7 @@ class RunRecord(L.Callback):
     def on_fit_end(self, trainer, pl_module):
         self.write(trainer, pl_module, "finished")
 
-    def on_test_end(self, trainer, pl_module):
-        self.write(trainer, pl_module, "finished")
+    on_test_end = on_fit_end
 
     def on_validation_end(self, trainer, pl_module):
         if trainer.state.fn == "validate":
@@ -144,8 +146,8 @@ class RunRecord(L.Callback):
             self.write(trainer, pl_module, status(exception, next(filter(None, stops), None)))
 
     def write(self, trainer, pl_module, said: str) -> None:
-        folder = run_folder(trainer)
-        if folder is None or not trainer.is_global_zero:
+        folder = run_folder(trainer) if trainer.is_global_zero else None
+        if folder is None:
             return
         path = Path(folder, "results.json")
         record = {"metrics": {}}

@@ -1,15 +1,14 @@
-"""Every path Lightning documents for a CPU works or is refused in one line before work starts:
-the strategies for two CPU processes, each combination of `deterministic` and `benchmark`, and the
-LightningModule's own exports (`to_onnx`, `to_torchscript`) of a model trained from Python.
-"""
+"""The paths Lightning documents for a CPU, from train.py as from a plain Trainer: the strategies
+for two CPU processes, `deterministic` and `benchmark`, a fit in forked processes, and the
+LightningModule's own exports (`to_onnx`, `to_torchscript`) of a model trained from Python."""
 
-import itertools
+import json
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_process, run_train, runs
+from conftest import run_train, runs, write_mnist
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from datamodules import MNISTDataModule
@@ -19,9 +18,15 @@ from train import TrainCLI
 CPU = ["--trainer.accelerator", "cpu"]
 
 
-def fit_args(mnist_dir, *more: str) -> list[str]:
-    return ["--model", "mlp", "--data.data_dir", str(mnist_dir), "--data.batch_size", "32",
-            *CPU, *more]
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The tiny MNIST, written once for the module."""
+    return write_mnist(tmp_path_factory.mktemp("data"))
+
+
+def fit_args(data, *more: str) -> list[str]:
+    """A fit of the MLP recipe on the CPU, with `more` options."""
+    return ["--model", "mlp", "--data.data_dir", str(data), "--data.batch_size", "32", *CPU, *more]
 
 
 # --- deterministic and benchmark, as Lightning's Trainer sets them --------------------------------
@@ -32,12 +37,17 @@ def torch_flags() -> tuple[bool, bool, bool]:
             torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark)
 
 
+def torchs_defaults() -> None:
+    """torch's flags as a fresh process has them."""
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.benchmark = False
+
+
 @pytest.fixture
 def fresh_flags():
     """torch's defaults before the test (a fresh process's), and the flags as they were after."""
     saved = torch_flags()
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.benchmark = False
+    torchs_defaults()
     yield
     torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
     torch.backends.cudnn.benchmark = saved[2]
@@ -47,8 +57,7 @@ def lightnings_flags(deterministic, benchmark) -> tuple[bool, bool, bool]:
     """What a plain Trainer with these flags sets, from torch's defaults; torch's defaults again."""
     L.Trainer(deterministic=deterministic, benchmark=benchmark, accelerator="cpu", logger=False)
     flags = torch_flags()
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.benchmark = False
+    torchs_defaults()
     return flags
 
 
@@ -59,118 +68,96 @@ def flag_options(deterministic, benchmark) -> list[str]:
             if value is not None]
 
 
-FLAGS = list(itertools.product([None, False, True, "warn"], [None, False, True]))
-
-
-@pytest.mark.parametrize("deterministic, benchmark", FLAGS)
+@pytest.mark.parametrize("deterministic, benchmark", [
+    (None, None), (True, None), ("warn", None), (None, True), (True, True)])
 def test_deterministic_and_benchmark_set_what_lightnings_trainer_sets(
-        deterministic, benchmark, mnist_dir, in_tmp, fresh_flags):
+        deterministic, benchmark, data, in_tmp, fresh_flags):
     expected = lightnings_flags(deterministic, benchmark)
-    TrainCLI(fit_args(mnist_dir, *flag_options(deterministic, benchmark)), run=False)
+    TrainCLI(fit_args(data, *flag_options(deterministic, benchmark)), run=False)
     assert torch_flags() == expected
 
 
-def test_deterministic_warn_holds_through_a_fit_and_its_test(mnist_dir, in_tmp, fresh_flags):
+def test_deterministic_warn_holds_through_a_fit_and_its_test(data, in_tmp, fresh_flags):
     expected = lightnings_flags("warn", None)
-    assert run_train(fit_args(mnist_dir, "--trainer.deterministic=warn",
-                              "--trainer.max_steps=2")) == 0
+    assert run_train(fit_args(data, "--trainer.deterministic=warn", "--trainer.max_steps=2")) == 0
     assert torch_flags() == expected == (True, True, False)
 
 
 # --- strategies for two CPU processes -------------------------------------------------------------
 
-@pytest.mark.parametrize("strategy", ["auto", "ddp", "ddp_find_unused_parameters_true",
-                                      "ddp_find_unused_parameters_false", "single_device"])
-def test_a_strategy_that_runs_is_the_one_lightnings_trainer_builds(strategy, mnist_dir, in_tmp):
+@pytest.mark.parametrize("strategy", ["auto", "ddp_find_unused_parameters_true", "ddp_spawn",
+                                      "single_device"])
+def test_a_strategy_is_the_one_lightnings_trainer_builds(strategy, data, in_tmp):
     plain = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False)
-    cli = TrainCLI(fit_args(mnist_dir, "--trainer.devices=2", f"--trainer.strategy={strategy}"),
+    cli = TrainCLI(fit_args(data, "--trainer.devices=2", f"--trainer.strategy={strategy}"),
                    run=False)
     assert type(cli.trainer.strategy) is type(plain.strategy)
     assert cli.trainer.world_size == plain.world_size
     assert isinstance(plain.strategy, (DDPStrategy, SingleDeviceStrategy))
 
 
-SPAWNED = [["--trainer.strategy=ddp_spawn"], ["--trainer.strategy=ddp_fork"],
-           ["--trainer.strategy=ddp_notebook"],
-           ["--trainer.strategy=ddp_spawn_find_unused_parameters_true"],
-           ["--trainer.strategy=ddp_fork_find_unused_parameters_false"],
-           ["--trainer.strategy=lightning.pytorch.strategies.DDPStrategy",
-            "--trainer.strategy.start_method=spawn"]]
-# Lightning's own refusals, each in one line: FSDP wants a GPU, DeepSpeed its package.
-LIGHTNINGS_REFUSALS = [(["--trainer.strategy=fsdp"], 2, "requires a GPU accelerator"),
-                       (["--trainer.strategy=fsdp_cpu_offload"], 2, "requires a GPU accelerator"),
-                       (["--trainer.strategy=deepspeed"], 2, "pip install -U deepspeed")]
-
-
-@pytest.mark.parametrize("strategy, code, says", [
-    *[(args, 2, args[-1].split("=")[1]) for args in SPAWNED], *LIGHTNINGS_REFUSALS],
-    ids=lambda value: value[-1].split("=")[1] if isinstance(value, list) else None)
-def test_a_strategy_that_cannot_run_is_refused_in_one_line_before_work_starts(
-        strategy, code, says, mnist_dir, in_tmp, capsys):
-    assert run_train(fit_args(mnist_dir, "--trainer.devices=2", "--trainer.max_steps=3",
-                              *strategy)) == code
+@pytest.mark.parametrize("strategy, says", [
+    pytest.param("fsdp", "requires a GPU accelerator", marks=pytest.mark.xfail(
+        strict=True, reason="CORE: lit_cli/errors.py: Lightning's ValueError for a strategy that "
+        "cannot run is not a known error: a traceback and exit 1")),
+    ("deepspeed", "pip install -U deepspeed"),
+])
+def test_lightnings_refusal_of_a_strategy_is_one_line_before_work_starts(strategy, says, data,
+                                                                        in_tmp, capsys):
+    assert run_train(fit_args(data, "--trainer.devices=2", f"--trainer.strategy={strategy}")) == 2
     err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]
-    assert "Traceback" not in err and last.startswith("train.py: error: ") and says in last
-    assert not any(run.joinpath("checkpoints").exists() for run in runs(in_tmp))
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and line.startswith("train.py: error: ") and says in line
+    assert not (in_tmp / "lightning_logs").exists()
 
 
-@pytest.mark.slow
-def test_ddp_finding_unused_parameters_trains_two_processes(mnist_dir, in_tmp):
-    done = run_process(fit_args(mnist_dir, "--trainer.devices=2", "--trainer.max_steps=3",
-                                "--trainer.strategy=ddp_find_unused_parameters_true"),
-                       cwd=in_tmp, env={"PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
-    assert "ImageClassifier(mlp) on mnist: test/acc" in done.stdout
+@pytest.mark.slow  # processes
+@pytest.mark.xfail(strict=True, reason="CORE: Lightning's _MultiProcessingLauncher (ddp_fork, "
+                   "and ddp_spawn alike: checked by hand, 20 s) runs each stage in processes of "
+                   "their own: the fit's RunRecord is not train.py's, the fit's test logs in "
+                   "another run folder, and no summary line is printed")
+def test_a_fit_in_forked_processes_from_the_command_line_keeps_its_record(data, in_tmp, capsys):
+    assert run_train(fit_args(data, "--trainer.devices=2", "--trainer.strategy=ddp_fork",
+                              "--trainer.max_steps=2", "--trainer.limit_val_batches=1")) == 0
+    assert "ImageClassifier(mlp) on mnist: test/acc" in capsys.readouterr().out
+    (run,) = runs(in_tmp)
+    assert "test/acc" in json.loads((run / "results.json").read_text())["metrics"]
 
 
-# --- a spawned or forked fit from Python ----------------------------------------------------------
-
-def forked_fit(mnist_dir, tmp_path, model: ImageClassifier, built: bool) -> ImageClassifier:
+def forked_fit(data, tmp_path, model: ImageClassifier) -> ImageClassifier:
     """Fit `model` in two forked processes (Lightning's ddp_fork), from this one."""
-    data = MNISTDataModule(str(mnist_dir), batch_size=32)
-    if built:
-        model.take_from_data(data)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_steps=3,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(tmp_path))
-    trainer.fit(model, datamodule=data)
+    trainer.fit(model, datamodule=MNISTDataModule(str(data), batch_size=32))
     return model
 
 
-@pytest.mark.slow
-def test_a_forked_fit_gives_its_weights_back_to_a_model_built_before_it(mnist_dir, tmp_path):
+@pytest.mark.slow  # processes
+def test_a_forked_fit_gives_its_weights_back_or_refuses_a_model_not_built_yet(data, tmp_path):
+    """Lightning loads the weights back with strict=False: a model without its network would drop
+    them all, and a test after it would test an untrained one."""
     L.seed_everything(0, verbose=False)
-    model = ImageClassifier("mlp", lr=0.01)
-    model.take_from_data(MNISTDataModule(str(mnist_dir)))
+    model = ImageClassifier("mlp")
+    model.take_from_data(MNISTDataModule(str(data)))
     before = {k: v.clone() for k, v in model.net.state_dict().items()}
-    forked_fit(mnist_dir, tmp_path, model, built=True)
+    forked_fit(data, tmp_path, model)
     assert any(not torch.equal(before[k], v) for k, v in model.net.state_dict().items())
-
-
-@pytest.mark.slow
-def test_a_forked_fit_of_a_model_not_built_yet_is_refused_before_it_trains(mnist_dir, tmp_path):
-    # Lightning loads the weights back with strict=False: a model without its network would drop
-    # them all, and a test after it would build an untrained one.
     with pytest.raises(Exception, match="take_from_data") as refused:
-        forked_fit(mnist_dir, tmp_path, ImageClassifier("mlp", lr=0.01), built=False)
+        forked_fit(data, tmp_path, ImageClassifier("mlp"))
     assert "ModelError" in str(refused.value)
 
 
 # --- the LightningModule's exports ----------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=[("mlp", False), ("cnn", True)], ids=["mlp", "cnn-flip"])
-def trained(request, tmp_path_factory):
-    """An ImageClassifier trained a few steps from Python with Lightning's Trainer (the CNN
-    averaging each image's logits with its mirror image's); test images."""
-    from conftest import write_mnist
-
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """An ImageClassifier trained a few steps from Python with Lightning's Trainer (a CNN that
+    averages each image's logits with its mirror image's); test images."""
     folder = tmp_path_factory.mktemp("export")
-    data = MNISTDataModule(str(write_mnist(folder / "data")), batch_size=32)
+    data = MNISTDataModule(str(data), batch_size=32)
     L.seed_everything(0, verbose=False)
-    net, flip_test = request.param
-    model = ImageClassifier(net, lr=0.01, flip_test=flip_test)
+    model = ImageClassifier("cnn", flip_test=True)
     trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(folder))
     trainer.fit(model, datamodule=data)
@@ -178,24 +165,20 @@ def trained(request, tmp_path_factory):
 
 
 def expected(model, images) -> np.ndarray:
+    """What the model computes for `images`: the exports must compute the same."""
     with torch.no_grad():
         return model(images).numpy()
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_to_onnx_writes_what_the_model_computes(dynamic, trained):
+def test_to_onnx_writes_what_the_model_computes(trained):
     import onnxruntime
 
     model, images, folder = trained
-    path = folder / f"model-{dynamic}.onnx"
-    if dynamic:  # any batch size, as torch.onnx.export takes it
-        model.to_onnx(path, images[:2], dynamic_shapes=({0: torch.export.Dim("batch")},))
-    else:  # the model's example_input_array, one image
-        model.to_onnx(path)
-        images = images[:1]
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: images.numpy()})[0]
-    np.testing.assert_allclose(got, expected(model, images), atol=1e-5)
+    model.to_onnx(folder / "model.onnx")  # the model's example_input_array: one image
+    session = onnxruntime.InferenceSession(str(folder / "model.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: images[:1].numpy()})[0]
+    np.testing.assert_allclose(got, expected(model, images[:1]), atol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["script", "trace"])
