@@ -12,14 +12,13 @@ lightning_logs/version_N/: TensorBoard events, checkpoints/, config.yaml (`--con
 again) and results.json.
 """
 
-import logging
 import sys
 import warnings
 from typing import NoReturn
 
 import lightning as L
 import torch
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -74,14 +73,12 @@ class TrainCLI(LightningCLI):
         resumed = self.args[0] == "fit" and runs.option(self.args, "--ckpt_path") is not None
         saved = {"config_filename": "config-resumed.yaml", "overwrite": True} if resumed else {}
         kwargs = {"exit_on_error": False, "description": DESCRIPTION}  # errors in one line
-        # Predictions and exports are no runs: LightningCLI would save a config.yaml in the
-        # working folder for each (they log nowhere), and refuse the second.
-        saving = SaveConfigCallback if self.args[0] in ("fit", "test", "validate") else None
         try:
             super().__init__(
-                L.LightningModule, L.LightningDataModule, subclass_mode_model=True,
-                subclass_mode_data=True, trainer_class=Trainer, save_config_callback=saving,
-                save_config_kwargs=saved,
+                L.LightningModule, None, subclass_mode_model=True,  # None: --data optional
+                subclass_mode_data=True, trainer_class=Trainer,
+                save_config_callback=runs.SaveConfig,
+                save_config_kwargs={**saved, "save_to_log_dir": False},
                 trainer_defaults={"max_epochs": 30, "callbacks": [*(callbacks or []),
                                                                   self.recorder]},
                 seed_everything_default=0, args=self.args if run else self.args[1:], run=run,
@@ -195,17 +192,9 @@ def summary(record: dict) -> str:
 
 
 def quiet() -> None:
-    """Silence QUIET's warnings, and Lightning's advertisements for its cloud services."""
+    """Silence QUIET's warnings."""
     for message in QUIET:
         warnings.filterwarnings("ignore", message=message)  # replaces the same filter
-    for package in ("pytorch", "fabric"):
-        logger = logging.getLogger(f"lightning.{package}.utilities.rank_zero")
-        logger.filters = [f for f in logger.filters if not isinstance(f, NoTips)] + [NoTips()]
-
-
-class NoTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,10 +89,8 @@ def pairs(args: list[str]):
 def names_model(option: str, value: str | None) -> bool:
     """Whether an option names the model: `--model`, or a configuration file with a `model` (or
     one jsonargparse will say it cannot read)."""
-    if option == "--model":
-        return True
     if option not in ("--config", "-c") or value is None:
-        return False
+        return option == "--model"
     try:
         return "model" in (yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {})
     except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError):
@@ -147,9 +145,7 @@ def class_defaults(cls: type) -> dict:
 def class_before(key: str, before: list[tuple[str, str | None]]) -> type | None:
     """The class that the last configuration file among the options `before` gives `key`."""
     found = None
-    for option, value in before:
-        if option not in ("--config", "-c") or value is None:
-            continue
+    for value in [value for option, value in before if option in ("--config", "-c") and value]:
         try:
             node = yaml.safe_load(Path(value).read_text(encoding="utf-8"))
             for part in key.split("."):

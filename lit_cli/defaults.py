@@ -36,21 +36,30 @@ def step_aside(trainer: Namespace, model: Namespace) -> list:
     """The Trainer configuration's callbacks less the defaults that its flags turn off (Lightning
     refuses a checkpoint beside `enable_checkpointing false`, a progress bar beside
     `enable_progress_bar false`, a learning-rate monitor without a logger), and less the best
-    checkpoint by val/acc for a model that is not ImageClassifier, which may log no val/acc."""
+    checkpoint by val/acc for a model that is not ImageClassifier, which may log no val/acc. A
+    progress bar or a ModelCheckpoint of the user's takes the place of the default one, as
+    Lightning's own defaults step aside for them."""
     bare = bool(trainer.get("barebones"))
+    given = {kind for c in trainer.callbacks or [] for kind in (ProgressBar, ModelCheckpoint)
+             if issubclass(import_class(c.class_path), kind) and not is_ours(c)}
     off = {ModelCheckpoint: trainer.enable_checkpointing is False or bare,
-           ProgressBar: trainer.enable_progress_bar is False or bare,
+           ProgressBar: trainer.enable_progress_bar is False or bare or ProgressBar in given,
            LearningRateMonitor: trainer.logger is False or bare}
-    theirs = not issubclass(import_class(model.class_path), ImageClassifier)
+    best_aside = not issubclass(import_class(model.class_path), ImageClassifier)
+    best_aside = best_aside or ModelCheckpoint in given
     kept = []
     for callback in trainer.callbacks or []:
         cls = import_class(callback.class_path)
-        ours = any(is_default(callback, spec) for spec in CALLBACKS)
         turned_off = any(issubclass(cls, kind) and is_off for kind, is_off in off.items())
-        unlogged = theirs and is_default(callback, BEST_CHECKPOINT)
-        if not (ours and turned_off) and not unlogged:
+        aside = best_aside and is_default(callback, BEST_CHECKPOINT)
+        if not (is_ours(callback) and turned_off) and not aside:
             kept.append(callback)
     return kept
+
+
+def is_ours(callback: Namespace) -> bool:
+    """Whether a parsed callback is one of the defaults, as it comes."""
+    return any(is_default(callback, spec) for spec in CALLBACKS)
 
 
 def is_default(callback: Namespace, spec: dict) -> bool:

@@ -30,7 +30,7 @@ class Stopped(Exception):
 
 # The exit code of each kind of error a user can act on.
 EXIT_CODES = {Stopped: None, UsageError: 2, ArgumentError: 2, MisconfigurationException: 2,
-              DataError: 1, ModelError: 1}
+              DataError: 1, ModelError: 1, UnicodeDecodeError: 2}  # a --config that is no text
 
 
 def explain(error: BaseException) -> tuple[int | None, str]:

@@ -26,8 +26,7 @@ def check_arguments(label_smoothing: float, mixup: float, cutmix: float,
 
 def check_normalisation(mean: list[float], std: list[float], image_shape) -> None:
     """A ModelError unless `mean` and `std` have one value per channel, and std > 0."""
-    channels = image_shape[0]
-    one_per_channel = len(mean) == channels and len(std) == channels
+    one_per_channel = len(mean) == len(std) == image_shape[0]
     if not one_per_channel or min(std) <= 0:
         raise ModelError(f"mean {mean} and std {std} need one value per channel of "
                          f"{tuple(image_shape)} images, and std > 0")
@@ -50,7 +49,8 @@ def check_data(model, data) -> None:
     shape = getattr(data, "image_shape", None)
     classes = getattr(data, "classes", None)
     other_shape = shape is not None and tuple(shape) != tuple(hp.image_shape)
-    other_classes = classes is not None and list(classes) != model.class_names
+    named = list(hp.class_names or classes or [])  # no names given: as many classes
+    other_classes = classes is not None and (list(classes) != named or len(named) != hp.num_classes)
     if other_shape or other_classes:
         raise ModelError(f"this model takes {tuple(hp.image_shape)} images of {hp.num_classes} "
                          f"classes ({', '.join(model.class_names[:3])}, ...); the data module "

@@ -75,8 +75,7 @@ class ImageClassifier(L.LightningModule):
                  compile: Union[bool, Literal["reduce-overhead", "max-autotune"]] = False):
         super().__init__()
         checks.check_arguments(label_smoothing, mixup, cutmix, translate_test)
-        if net is None:
-            net = TutorialCNN
+        net = TutorialCNN if net is None else net
         self.net_factory = parts.as_factory(net)
         self.optimizer_factory = parts.as_factory(optimizer)
         self.scheduler_factory = parts.as_factory(scheduler)
@@ -164,10 +163,11 @@ class ImageClassifier(L.LightningModule):
         if hp.num_classes is None and hp.class_names is not None:
             hp.num_classes = len(hp.class_names)
         checks.check_facts(data, hp)
+        if statistics and hp.mean is None:  # a data module that says none: uint8 images /255
+            hp.mean, hp.std = [0.0] * hp.image_shape[0], [1.0] * hp.image_shape[0]
         if self.net is None:
-            self._build()  # with the normalisation, where it is known
-        else:
-            self._set_normalisation()
+            self._build()
+        self._set_normalisation()  # a built network's (a new one has it already: the same)
         # What Lightning logs is the model's initial hyperparameters.
         self.save_hyperparameters(dict(hp))
 

@@ -91,7 +91,8 @@ def build_network(factory: NetworkCallable, spec, image_shape,
 
 def named(factory, spec):
     """The class or function a network's callable builds with: the one its spec names (LightningCLI
-    records `{class_path, init_args}`), else the one a partial wraps, else the callable itself."""
+    records `{class_path, init_args}`), else the one a partial wraps (jsonargparse's, outside
+    LightningCLI's run, `load_from_checkpoint`: the last of its arguments), else the callable."""
     for part in (spec, factory):
         if isinstance(part, dict):
             part = part.get("class_path")
@@ -101,7 +102,7 @@ def named(factory, spec):
             except (ImportError, AttributeError, ValueError):
                 continue
         if isinstance(part, functools.partial):
-            return part.func
+            return [f for f in (part.func, *part.args) if callable(f)][-1]
     return factory
 
 

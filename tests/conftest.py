@@ -191,12 +191,20 @@ def log_to_this_tests_stderr() -> None:
 
 
 def run_sweep(args: list[str]) -> int:
-    """`python sweep.py ARGS` in this process (monkeypatches apply); its exit code. Its workers
-    are processes, as ever."""
+    """`python sweep.py ARGS` in this process (monkeypatches apply); its exit code. Its first
+    worker is this process, its others are processes. The stop handlers it leaves, as at a
+    process's end, are set back."""
+    import signal
+
     import sweep
 
     log_to_this_tests_stderr()
-    return sweep.main(args)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return sweep.main(args)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
 
 
 def sweep_here(args: list[str], cwd: Path, capfd) -> tuple[int, str]:

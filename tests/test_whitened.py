@@ -2,13 +2,12 @@
 patch whitening, test-time shifts, reflected crops; and the recipe through train.py."""
 
 import functools
-import json
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, results, run_process, run_train, runs
+from conftest import results, run_train, runs
 
 from datamodules import CIFAR10DataModule
 from datamodules.augment import random_crop
@@ -42,7 +41,7 @@ def test_the_network_takes_any_image_size_its_groups_fit_and_freezes_its_stem():
 
 def fit_whitened(data, net=functools.partial(WhitenedNet, widths=[8]), eps=1e-6):
     """A model fitted for one epoch, whitened from every training image."""
-    model = ImageClassifier(net, lr=0.1)
+    model = ImageClassifier(net, optimizer=functools.partial(torch.optim.AdamW, lr=0.1))
     trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[PatchWhitening(images=10_000, eps=eps)])
@@ -92,8 +91,8 @@ def test_patch_whitening_names_a_layer_it_cannot_whiten():
 def test_a_resumed_fit_keeps_the_checkpoints_whitening_and_ends_as_an_unbroken_one(
         cifar10_dir, tmp_path, monkeypatch):
     args = ["--model", "whitened", "--data.data_dir", str(cifar10_dir), *SMALL,
-            "--trainer.max_epochs", "2"]  # 4 steps an epoch
-    stop = ["--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=6"]
+            "--trainer.max_epochs", "1", "--trainer.limit_test_batches", "1"]  # 5 steps
+    stop = ["--trainer.callbacks+=probes.SignalAt", "--trainer.callbacks.step=3"]
     for folder in ("straight", "stopped"):
         (tmp_path / folder).mkdir()
     monkeypatch.chdir(tmp_path / "straight")
@@ -102,6 +101,7 @@ def test_a_resumed_fit_keeps_the_checkpoints_whitening_and_ends_as_an_unbroken_o
     assert run_train(args + stop) == 143
 
     def computed_again(*args):
+        """whitening.patch_moments, which the resumed fit must not call."""
         raise AssertionError("the whitening was computed again")
 
     monkeypatch.setattr(whitening, "patch_moments", computed_again)
@@ -162,42 +162,25 @@ def test_reflected_crops_shift_the_image_with_mirrored_borders():
 
 
 @pytest.mark.slow
-def test_the_recipe_in_two_epochs_learns_and_its_checkpoint_tests_predicts_and_exports(
+def test_the_recipe_in_two_epochs_learns_and_its_checkpoint_tests_and_exports(
         cifar10_dir, in_tmp, capsys, recwarn):
     # The short variant of the long CPU run (docs/benchmarks.md): the recipe, 2 epochs of 10
-    # steps, widths [32, 64, 64] for [64, 256, 256] (a third of the time), on conftest's tiny
-    # CIFAR-10. Its classes are a square's position, which a network that max-pools over the
-    # whole image tells apart only by the borders' effects (measured 0.565): the floor says it
-    # learns, three times chance.
+    # steps, widths [16, 32, 32] for [64, 256, 256], on conftest's tiny CIFAR-10. Its classes are
+    # a square's position, which a network that max-pools over the whole image tells apart only
+    # by the borders' effects (measured 0.45): the floor says it learns, three times chance.
     args = ["--model", "whitened", "--data.data_dir", str(cifar10_dir), "--data.batch_size",
-            "50", "--trainer.max_epochs", "2", "--model.net.widths", "[32, 64, 64]"]
+            "50", "--trainer.max_epochs", "2", "--model.net.widths", "[16, 32, 32]"]
     assert run_train(args) == 0
     (run,) = runs(in_tmp)
     record = results(run)
-    assert record["test/acc"] >= 0.3 and record["global_step"] == 20
+    assert record["metrics"]["test/acc"] >= 0.3 and record["global_step"] == 20
     # No validation split was asked for: Lightning's "make sure this was your intention" is noise.
     assert [str(w.message) for w in recwarn if "across ranks is zero" in str(w.message)] == []
     capsys.readouterr()
-    assert run_train(["test", "--ckpt_path", "best"]) == 0
-    assert f"test/acc {record['test/acc']:.4f}" in capsys.readouterr().out
-    assert run_train(["predict", "--ckpt_path", "best", "--output", "p.csv"]) == 0
-    assert len((in_tmp / "p.csv").read_text().splitlines()) == 201
-    assert run_train(["export", "--ckpt_path", "best", "--format", "onnx", "--output",
-                      "m.onnx"]) == 0
+    assert run_train(["test", "--ckpt_path", "last"]) == 0  # no validation: no best
+    assert f"test/acc {record['metrics']['test/acc']:.4f}" in capsys.readouterr().out
+    # TorchScript: the whitened network's export, checked as every format is (ONNX's own export
+    # is test_use's, at a few seconds a run).
+    assert run_train(["export", "--ckpt_path", "last", "--format", "torchscript", "--output",
+                      "m.pt"]) == 0
     assert "200 of 200 top classes the same" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_two_process_ddp_whitens_every_replica_alike(cifar10_dir, tmp_path):
-    done = run_process(["--model", "whitened", "--data.data_dir", str(cifar10_dir), *SMALL,
-                        "--data.batch_size", "50", "--trainer.max_epochs", "1",
-                        "--trainer.accelerator", "cpu", "--trainer.devices", "2",
-                        "--trainer.strategy", "ddp", "--trainer.callbacks+=probes.SaveWeights"],
-                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    zero, one = (torch.load(tmp_path / f"weights-rank{r}.pt", weights_only=True) for r in (0, 1))
-    # The norms' running statistics are each process's own, of its own batches, as in any DDP
-    # run without --trainer.sync_batchnorm; checkpoints keep the first process's.
-    assert all(torch.equal(zero[k], one[k]) for k in zero if ".running_" not in k)
-    assert not torch.equal(zero["net.whiten.weight"], WhitenedNet((3, 32, 32), 10).whiten.weight)
-    assert json.loads((runs(tmp_path)[0] / "results.json").read_text())["global_step"] == 5
