@@ -14,6 +14,7 @@ again) and results.json.
 
 import sys
 import warnings
+from pathlib import Path
 from typing import NoReturn
 
 import lightning as L
@@ -26,6 +27,7 @@ from lit_cli import command_line, defaults, errors, runs
 from lit_cli.errors import Stopped, UsageError
 from lit_cli.trainer import Trainer
 from lit_models import ImageClassifier, LastCheckpoint, RunRecord
+from lit_models.callbacks import run_folder
 
 DESCRIPTION = ("Train, test and use image classifiers with LightningCLI (README.md). Recipes: "
                f"--model {'|'.join(command_line.recipes())}; data: --data CIFAR10DataModule, "
@@ -68,17 +70,14 @@ class TrainCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
                  run: bool = True):
         quiet()  # at each run: a caller's warnings.catch_warnings drops filters set inside it
-        self.args = command_line.expand(list(sys.argv[1:] if args is None else args))
-        self.recorder = RunRecord()
-        resumed = self.args[0] == "fit" and runs.option(self.args, "--ckpt_path") is not None
-        saved = {"config_filename": "config-resumed.yaml", "overwrite": True} if resumed else {}
+        self.recorder, self.record = RunRecord(), None
         kwargs = {"exit_on_error": False, "description": DESCRIPTION}  # errors in one line
         try:
+            self.args = command_line.expand(list(sys.argv[1:] if args is None else args))
             super().__init__(
                 L.LightningModule, None, subclass_mode_model=True,  # None: --data optional
                 subclass_mode_data=True, trainer_class=Trainer,
-                save_config_callback=runs.SaveConfig,
-                save_config_kwargs={**saved, "save_to_log_dir": False},
+                save_config_callback=runs.SaveConfig, save_config_kwargs={"save_to_log_dir": False},
                 trainer_defaults={"max_epochs": 30, "callbacks": [*(callbacks or []),
                                                                   self.recorder]},
                 seed_everything_default=0, args=self.args if run else self.args[1:], run=run,
@@ -119,6 +118,14 @@ class TrainCLI(LightningCLI):
         trainer.callbacks = defaults.step_aside(trainer, self.given.model)
         defaults.on_gpus(trainer)
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as e:  # a class that cannot be built from its arguments
+            if errors.explain(e)[0] is not None:
+                raise
+            raise UsageError(f"the command line does not build: {e}") from e
+
     def after_instantiate_classes(self) -> None:
         # The network now, sized from the data, not when fitting starts: callbacks such as
         # StochasticWeightAveraging copy the model before its configure_model runs.
@@ -128,6 +135,9 @@ class TrainCLI(LightningCLI):
             raise UsageError(f"{type(self.model).__name__} has no data: give --data and a "
                              f"LightningDataModule (MNISTDataModule, or the class path of yours)")
         defaults.on_the_trainer(self.trainer)
+        # The run's folder, chosen here: a fit and its test in processes started from this one
+        # (ddp_spawn) would each choose the next free one.
+        getattr(self.trainer.logger, "version", None)
 
     def after_fit(self) -> None:
         """Test the best checkpoint (the last weights where there is none), where the model has a
@@ -142,8 +152,10 @@ class TrainCLI(LightningCLI):
 
     def say(self) -> None:
         """The record's line: the model, the data, the metrics it logged, where its run is."""
-        self.record = self.recorder.record
-        if self.record is not None and self.trainer.is_global_zero:
+        folder = run_folder(self.trainer) if self.trainer.is_global_zero else None
+        # The file, not the callback's copy: under ddp_spawn, a process of its own wrote it.
+        self.record = (runs.record(Path(folder)) if folder else None) or None
+        if self.record:
             print(summary(self.record), flush=True)
 
     after_test = after_validate = say
@@ -164,7 +176,7 @@ class TrainCLI(LightningCLI):
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return f"stopped by {by} before the command started; nothing was written"
-        fn = trainer.state.fn.value
+        fn = getattr(trainer.state.fn, "value", "start")
         last = [c.saved_on_stop for c in trainer.callbacks if isinstance(c, LastCheckpoint)]
         if fn == "fit" and any(last):
             return (f"stopped by {by} in epoch {trainer.current_epoch} at step "

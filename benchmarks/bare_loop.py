@@ -6,7 +6,7 @@ Lightning: forward, loss, backward, step. What train.py adds on top of this is t
 Prints one JSON line with the per-epoch training times and test accuracies (`train_bare(args)`
 returns them: benchmarks/loop_cost.py).
 
-    python benchmarks/bare_loop.py --model mlp --data fashion_mnist --data.data_dir DIR \
+    python benchmarks/bare_loop.py --model mlp --data FashionMNISTDataModule --data.data_dir DIR \
         --trainer.max_epochs 5
 """
 
@@ -40,8 +40,7 @@ def train_bare(args: list[str]) -> dict:
                          scheduler=recipe.scheduler_factory).to(device)
     batches, test_batches = data.train_dataloader(), data.test_dataloader()
     epochs = cli.trainer.max_epochs
-    optimizer = model.optimizer_factory(model.parameters(),
-                                        **({"lr": hp["lr"]} if hp["lr"] else {}))
+    optimizer = model.optimizer_factory(model.parameters())
     schedule = None
     if model.scheduler_factory is not None:
         schedule = model.scheduler_factory(optimizer, total_steps=epochs * len(batches))

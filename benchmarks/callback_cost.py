@@ -2,8 +2,8 @@
 
     python benchmarks/callback_cost.py --fashion-mnist DIR --epochs 4
 
-Runs `train.py --model mlp --data fashion_mnist` with `--trainer.profiler SimpleProfiler` in a
-pseudo-terminal (`script`), as a user runs it: the default progress bar redraws as in a shell.
+Runs `train.py --model mlp --data FashionMNISTDataModule` with `--trainer.profiler SimpleProfiler`
+in a pseudo-terminal (`script`), as a user runs it: the default progress bar redraws as in a shell.
 Lightning times every hook of every callback ("[Callback]NAME.HOOK"); this adds up each
 callback's hooks over the fit (validation hooks left out) and divides by the training steps, then
 prints a table: the callback, what its per-batch hooks cost a step and their share of Lightning's
@@ -28,7 +28,7 @@ STEP_HOOKS = ("batch", "backward", "optimizer", "zero_grad")
 
 def profile(data_dir: str, epochs: int, work: Path) -> dict[str, tuple[float, int]]:
     """Each profiled action's total seconds and calls, from the profiler's report."""
-    args = ["--model", "mlp", "--data", "fashion_mnist", "--data.data_dir", data_dir,
+    args = ["--model", "mlp", "--data", "FashionMNISTDataModule", "--data.data_dir", data_dir,
             "--trainer.max_epochs", str(epochs), "--trainer.profiler", "SimpleProfiler",
             "--trainer.profiler.dirpath", str(work), "--trainer.profiler.filename", "profile"]
     command = shlex.join([sys.executable, str(ROOT / "train.py"), *args])

@@ -1,7 +1,7 @@
 """What the dashboards cost, by Lightning's SimpleProfiler: the time in Dashboards' and
 LearningRateMonitor's hooks.
 
-    python benchmarks/dashboards.py --data fashion_mnist --data-dir DIR --model mlp
+    python benchmarks/dashboards.py --data FashionMNISTDataModule --data-dir DIR --model mlp
     python benchmarks/dashboards.py --data cifar10 --data-dir DIR --model cnn --epochs 1
 
 DIR is a `--data.data_dir` of train.py. --rounds times, the recipe with train.py's default callbacks

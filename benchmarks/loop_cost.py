@@ -1,6 +1,6 @@
 r"""Where a training step's milliseconds go: the bare loop, Lightning's loop, train.py's Trainer.
 
-    python benchmarks/loop_cost.py --model mlp --data fashion_mnist --data.data_dir DIR \
+    python benchmarks/loop_cost.py --model mlp --data FashionMNISTDataModule --data.data_dir DIR \
         --trainer.max_epochs 4 [--pairs 3]
 
 Any train.py options name the recipe. In one process, in rounds (each loop takes the first place

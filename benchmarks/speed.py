@@ -11,7 +11,8 @@ process:
   tutorial  the tutorial's training as written (benchmarks/tutorials/)
   quick     train.py --model quick_cnn / quick_mlp: the recipe chosen to reach the tutorial's
             accuracy fastest
-  default   train.py --model cnn / --model mlp --data fashion_mnist: the recipe that ends highest
+  default   train.py --model cnn / --model mlp --data FashionMNISTDataModule: the recipe that
+            ends highest
 with the median and range of their training time and test accuracy, and the tutorial's time over
 the quick recipe's. Then, for "vs bare loop", --rounds rounds of short runs back to back, in turns:
 train.py with the default recipe, in a pseudo-terminal with its default progress bar as at a shell,
@@ -91,11 +92,22 @@ def project(args: list, env: dict, cwd: Path, terminal: bool = False) -> dict:
     r = json.loads((run_dir / "results.json").read_text())
     config = json.loads(json.dumps(
         __import__("yaml").safe_load((run_dir / "config.yaml").read_text())))
+    seconds = epoch_scalars(run_dir, "train/epoch_seconds")
+    speed = epoch_scalars(run_dir, "train/images_per_second")
     return {"epochs": r["epochs"], "batch": config["data"]["init_args"]["batch_size"],
-            "train_s": sum(r["train_epoch_seconds"]), "fit_s": r["fit_seconds"],
-            "test_acc": r["test/acc"], "epoch_seconds": r["train_epoch_seconds"],
-            "images_per_epoch": (r["train_images_per_second"] * sum(r["train_epoch_seconds"])
-                                 / r["epochs"])}
+            "train_s": sum(seconds), "fit_s": r["fit_seconds"],
+            "test_acc": r["metrics"]["test/acc"], "epoch_seconds": seconds,
+            "images_per_epoch": statistics.mean(s * t for s, t in zip(speed, seconds))}
+
+
+def epoch_scalars(run_dir: Path, tag: str) -> list[float]:
+    """A scalar's values in a run's TensorBoard events, in step order (TrainingSpeed logs one an
+    epoch)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.step)]
 
 
 def bare(args: list, env: dict, cwd: Path) -> dict:
@@ -224,7 +236,7 @@ def main() -> None:
     plan = {"cnn": ("CNN, CIFAR-10", "cifar10_cnn.py", [args.cifar10],
                     ["--data.data_dir", args.cifar10], 4),
             "mlp": ("MLP, Fashion-MNIST", "mnist_mlp.py", [args.fashion_mnist, "FashionMNIST"],
-                    ["--data", "fashion_mnist", "--data.data_dir", args.fashion_mnist], 8)}
+                    ["--data", "FashionMNISTDataModule", "--data.data_dir", args.fashion_mnist], 8)}
     for model in models:
         title, script, tutorial_args, data, short = plan[model]
         runs = {"tutorial": [], "quick": [], "default": []}

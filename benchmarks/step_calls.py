@@ -22,28 +22,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import train  # noqa: E402
 
-FIT = ["--model", "mlp", "--data", "fashion_mnist", "--model.net.hidden", "16",
+FIT = ["--model", "mlp", "--data", "FashionMNISTDataModule", "--model.net.hidden", "16",
        "--data.batch_size", "256", "--trainer.limit_val_batches", "0", "--data.val_size", "0",
        "--trainer.enable_model_summary", "false"]
 NO_LOGGER = ["--trainer.logger", "false"]
 SPEED, LAST = "lit_models.TrainingSpeed", "lit_models.LastCheckpoint"
-BAR = "lit_models.TimedProgressBar"
+BAR = {"class_path": "lightning.pytorch.callbacks.TQDMProgressBar",
+       "init_args": {"refresh_rate": 10}}
 LR, BOARDS = "lightning.pytorch.callbacks.LearningRateMonitor", "lit_models.Dashboards"
 
 
-def callbacks(*paths: str) -> list[str]:
-    return ["--trainer.callbacks", json.dumps([{"class_path": p} for p in paths])]
+def callbacks(*specs) -> list[str]:
+    """--trainer.callbacks of these class paths (or {class_path, init_args})."""
+    listed = [spec if isinstance(spec, dict) else {"class_path": spec} for spec in specs]
+    return ["--trainer.callbacks", json.dumps(listed)]
 
 
 # Each row's options, from Lightning's loop with the model's own step and one clock (and train.py's
-# HeldStop, which every command has) to train.py's defaults.
+# RunRecord, which every command has) to train.py's defaults.
 ROWS = {
     "Lightning's loop, the model's step, TrainingSpeed": [
         *NO_LOGGER, "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar",
         "false", *callbacks(SPEED)],
     "+ LastCheckpoint": [*NO_LOGGER, "--trainer.enable_progress_bar", "false",
                          *callbacks(SPEED, LAST)],
-    "+ TimedProgressBar": [*NO_LOGGER, *callbacks(SPEED, LAST, BAR)],
+    "+ TQDMProgressBar (every 10 batches)": [*NO_LOGGER, *callbacks(SPEED, LAST, BAR)],
     "+ TensorBoard logger, SaveConfig": callbacks(SPEED, LAST, BAR),
     "+ LearningRateMonitor": callbacks(SPEED, LAST, BAR, LR),
     "+ Dashboards": callbacks(SPEED, LAST, BAR, LR, BOARDS),

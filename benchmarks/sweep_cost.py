@@ -33,15 +33,15 @@ def timed(commands: list[list[str]], work: Path) -> float:
 
 def commands(data_dir: str, epochs: int, pair: int) -> dict[str, list[list[str]]]:
     """The sweep's one command and the four separate ones, for the same runs."""
-    common = ["--model", "mlp", "--data", "fashion_mnist", "--data.data_dir", data_dir,
+    common = ["--model", "mlp", "--data", "FashionMNISTDataModule", "--data.data_dir", data_dir,
               "--trainer.max_epochs", str(epochs)]
-    grid = f"model.lr={','.join(RATES)}"
+    grid = f"model.optimizer.lr={','.join(RATES)}"
     sweep = [sys.executable, str(ROOT / "sweep.py"), *common, "--grid", grid,
              "--seeds", str(len(SEEDS)), "--name", f"pair{pair}"]
     separate = []
     for rate in RATES:
         for seed in SEEDS:
-            run = ["--model.lr", rate, "--seed_everything", str(seed)]
+            run = ["--model.optimizer.lr", rate, "--seed_everything", str(seed)]
             separate.append([sys.executable, str(ROOT / "train.py"), *common, *run])
     return {"sweep": [sweep], "separate": separate}
 

@@ -40,8 +40,8 @@ import statistics
 import sys
 
 runs = [json.load(open(path)) for path in sys.argv[1:]]
-accuracy, fit = [r["test/acc"] for r in runs], [r["fit_seconds"] for r in runs]
+accuracy, fit = [r["metrics"]["test/acc"] for r in runs], [r["fit_seconds"] for r in runs]
 print("test/acc", [round(a, 4) for a in accuracy], "mean", round(statistics.mean(accuracy), 4))
 print("fit s", [round(f, 2) for f in fit], "median", round(statistics.median(fit), 2))
-print({key: runs[0].get(key) for key in ("device", "precision", "epochs", "train_epoch_seconds")})
+print({key: runs[0].get(key) for key in ("device", "precision", "epochs")})
 PY

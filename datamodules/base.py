@@ -417,6 +417,10 @@ class ImageDataModule(L.LightningDataModule):
                              world_size=world_size, to_float=self.gives_floats())
 
     def val_dataloader(self):
+        validating = self.trainer is not None and self.trainer.state.fn == "validate"
+        if validating and not self.has_validation:  # Lightning would validate nothing, and say so
+            raise DataError("there is no validation set to validate on (--data.val_size 0?): "
+                            "test instead, or give the data a --data.val_size")
         return self._eval_batches("val") if self.has_validation else []
 
     def test_dataloader(self) -> DeviceBatches:

@@ -7,12 +7,19 @@ from pathlib import Path
 
 import torch
 import yaml
+from jsonargparse.typing import register_type
+from lightning.pytorch.callbacks.timer import Interval
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_only
 
 from lit_cli.errors import UsageError
 from lit_models import ModelError
 from lit_models.callbacks import run_folder
+
+# Written to config.yaml and read back: a torch.device (StochasticWeightAveraging's default) as its
+# name; Timer's `interval`, a str enum that YAML's safe dumper refuses, as the string it is.
+register_type(torch.device, serializer=str, deserializer=torch.device)
+yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represent_str(v.value))
 
 # How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
 # logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials and a test's logs lie deeper.
@@ -170,10 +177,19 @@ class SaveConfig(SaveConfigCallback):
     """LightningCLI's config.yaml, in the run's own folder (`run_folder`), none where a command logs
     nowhere: LightningCLI's goes to `trainer.log_dir`, the working folder without a logger and the
     save_dir every MLflow or W&B run shares, and refuses the second run there
-    (Lightning-AI/pytorch-lightning#17168). LightningCLI gives it `save_to_log_dir=False`."""
+    (Lightning-AI/pytorch-lightning#17168). A fit that goes on in its folder saves
+    config-resumed.yaml beside the first. LightningCLI gives it `save_to_log_dir=False`."""
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         folder = run_folder(trainer)
-        if folder is not None:
-            self.parser.save(self.config, str(Path(folder, self.config_filename)),
-                             skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+        path = Path(folder or ".", self.config_filename)
+        if folder is None:
+            return
+        if path.exists() and trainer.ckpt_path:  # a fit going on in its folder (SLURM's requeue)
+            path = path.with_name("config-resumed.yaml")
+        elif path.exists():
+            raise UsageError(f"{path} exists: the logger's run folder holds another run; give the "
+                             f"logger a version of its own, or leave it to pick one")
+        path.parent.mkdir(parents=True, exist_ok=True)  # before the logger made it (W&B)
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True,
+                         multifile=self.multifile)

@@ -46,5 +46,7 @@ class Trainer(L.Trainer):
             weights_only: as Lightning's other subcommands take it (checkpoints of this project
                 load with torch's weights_only=True in any case).
         """
-        model.load_state_dict(read_checkpoint(Path(ckpt_path))["state_dict"])
+        checkpoint = read_checkpoint(Path(ckpt_path))
+        model.on_load_checkpoint(checkpoint)  # as Lightning loads one: the model's checks first
+        model.load_state_dict(checkpoint["state_dict"])
         return exports.export(model, datamodule, format, output, Path(ckpt_path))

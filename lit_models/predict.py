@@ -139,7 +139,6 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: str | list[str] 
         seconds = time.perf_counter() - start
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
-        stop_if_asked(trainer)  # after the last batch's check: Lightning's loop ends quietly
     show(writer, model.class_names)
     return report(writer, target, seconds, trainer.strategy.root_device)
 

@@ -192,8 +192,8 @@ def log_to_this_tests_stderr() -> None:
 
 def run_sweep(args: list[str]) -> int:
     """`python sweep.py ARGS` in this process (monkeypatches apply); its exit code. Its first
-    worker is this process, its others are processes. The stop handlers it leaves, as at a
-    process's end, are set back."""
+    worker is this process, its others are processes. The signal handlers are set back however
+    it ends (an error that ends it leaves its workers' handler)."""
     import signal
 
     import sweep

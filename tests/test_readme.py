@@ -1,4 +1,5 @@
-"""The README's commands and its From Python block, run as written on tiny data in the real formats.
+"""The README's commands and its From Python block, run as written on tiny data in the real formats,
+and the set-up that makes them run.
 
 Each `python train.py` / `python sweep.py` line of the README's bash blocks runs in order in one
 folder, with the data folder and a short run appended (what follows overrides what precedes)."""
@@ -6,11 +7,13 @@ folder, with the data folder and a short run appended (what follows overrides wh
 import re
 import shlex
 import shutil
+import sys
 
 import numpy as np
 import pytest
+import tomllib
 import torch
-from conftest import ROOT, run_train, sweep_here, write_cifar10, write_mnist
+from conftest import ROOT, results, run_train, runs, sweep_here, write_cifar10, write_mnist
 from PIL import Image
 
 README = (ROOT / "README.md").read_text()
@@ -88,3 +91,39 @@ def test_the_from_python_block_runs_and_the_model_is_the_same_everywhere(tmp_pat
     net = torch.load("mlp.ckpt", weights_only=True)["hyper_parameters"]["net"]
     assert net == {"class_path": "lit_models.networks.TutorialMLP", "init_args": {}}
     assert (tmp_path / "mlp.onnx").is_file() and namespace["probabilities"].shape == (8, 10)
+    record = results(runs(tmp_path)[0])  # RunRecord's, from Python as from train.py
+    assert record["status"] == "finished" and record["metrics"]["val/acc"] > 0.9
+
+
+def test_the_set_up_installs_what_the_readme_runs():
+    """Issue 56's defect 9: after `./run train`, `python sweep.py` ended in "No module named
+    'optuna'" and an ONNX export asked for one package at a time. ./run train and ./run sweep
+    install the `all` extra: Optuna and the ONNX exporter and runtime."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert "lit-image-classifiers[sweep,export]" in extras["all"]
+    wanted = {"optuna", "optuna-integration", "pandas", "onnx", "onnxscript", "onnxruntime"}
+    named = {re.split("[<>=\\[]", requirement)[0] for name in ("sweep", "export")
+             for requirement in extras[name]}
+    assert wanted <= named
+    assert re.search(r'train\|sweep\) extras="\[all\]"', (ROOT / "run").read_text())
+
+
+@pytest.mark.parametrize("module, extra", [("onnx", "export"), ("optuna", "sweep")])
+def test_a_missing_package_is_one_line_naming_the_install_command(module, extra, trained,
+                                                                monkeypatch, capsys):
+    """Where the packages are missing (an install without the extra), one line names the one
+    command that installs them all."""
+    monkeypatch.chdir(trained.cwd)
+    monkeypatch.setitem(sys.modules, module, None)  # `import onnx` raises ModuleNotFoundError
+    if module == "onnx":
+        code = run_train(["export", "--ckpt_path", str(trained.run), "--format", "onnx",
+                          "--output", "model.onnx"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and err[-1] == (
+            f"train.py: error: this needs the package '{module}': pip install -e '.[{extra}]'")
+        return
+    import sweep
+
+    assert sweep.main(["--model", "mlp"]) != 0
+    assert f"pip install -e '.[{extra}]'" in capsys.readouterr().err
