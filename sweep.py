@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from lit_cli.errors import explain
+from lit_cli.errors import exit_code
 
 try:  # installed: this file is lit_image_classifiers/sweep.py beside train.py
     from . import train
@@ -52,14 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         from lit_sweep import study  # Optuna's: where it is missing, one line names the extra
 
         return study.sweep(parse(argv), train.TrainCLI)  # argparse reads sys.argv for None
-    except SystemExit as e:  # argparse's --help (0) and its errors (2)
-        return e.code
-    except Exception as e:
-        code, line = explain(e)
-        if code is None:
-            raise
-        print(f"sweep.py: error: {line}", file=sys.stderr)
-        return code
+    except (SystemExit, Exception) as e:  # argparse's --help (0) and its errors (2) too
+        return exit_code(e, program="sweep.py")
 
 
 def command() -> NoReturn:

@@ -29,11 +29,9 @@ from lit_cli.trainer import Trainer
 from lit_models import ImageClassifier, LastCheckpoint, RunRecord
 from lit_models.callbacks import run_folder
 
-DESCRIPTION = ("Train, test and use image classifiers with LightningCLI (README.md). Recipes: "
-               f"--model {'|'.join(command_line.recipes())}; data: --data CIFAR10DataModule, "
-               "MNISTDataModule, FashionMNISTDataModule, ImageFolderDataModule (or yours); the "
-               "model's options: --model.help ImageClassifier, its network's: --model.net.help "
-               "TutorialMLP.")
+DESCRIPTION = (f"Image classifiers with LightningCLI (README.md). --model {command_line.RECIPE} "
+               "(configs/), or a class; --data CIFAR10DataModule, MNISTDataModule, "
+               "FashionMNISTDataModule, ImageFolderDataModule, or yours")
 # What Lightning and torch print that a user of train.py can do nothing about, and why.
 QUIET = [
     # torch deprecates a use inside Lightning's own code (lightning/pytorch/utilities/_pytree.py).
@@ -69,8 +67,9 @@ class TrainCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
                  run: bool = True):
-        quiet()  # at each run: a caller's warnings.catch_warnings drops filters set inside it
-        self.recorder, self.record = RunRecord(), None
+        for message in QUIET:  # at each run: a caller's catch_warnings drops filters set in it
+            warnings.filterwarnings("ignore", message=message)  # replaces the same filter
+        self.record = None
         kwargs = {"exit_on_error": False, "description": DESCRIPTION}  # errors in one line
         try:
             self.args = command_line.expand(list(sys.argv[1:] if args is None else args))
@@ -79,14 +78,14 @@ class TrainCLI(LightningCLI):
                 subclass_mode_data=True, trainer_class=Trainer,
                 save_config_callback=runs.SaveConfig, save_config_kwargs={"save_to_log_dir": False},
                 trainer_defaults={"max_epochs": 30, "callbacks": [*(callbacks or []),
-                                                                  self.recorder]},
+                                                                  RunRecord()]},
                 seed_everything_default=0, args=self.args if run else self.args[1:], run=run,
                 parser_kwargs={**kwargs, **{name: kwargs for name in command_line.SUBCOMMANDS}})
         except (SystemExit, KeyboardInterrupt) as e:
-            by = self.stopped_by(e)
-            if by is None:
+            stop = self.stopped(e)
+            if stop is None:
                 raise
-            raise Stopped(self.where(by), {"Ctrl-C": 130, "SIGTERM": 143}[by]) from None
+            raise stop from None
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -105,7 +104,7 @@ class TrainCLI(LightningCLI):
         command_line.from_own_defaults(self.given, self.args)
         command_line.lightnings_flags_as_the_models(self.given)
         if printed:
-            print(self._parser(subcommand).dump(self.given, skip_none="skip_null" in printed[0]))
+            print(self._parser(subcommand).dump(self.given, skip_unset="skip_null" in printed[0]))
             raise SystemExit(0)
 
     def _parse_ckpt_path(self) -> None:
@@ -156,57 +155,33 @@ class TrainCLI(LightningCLI):
         # The file, not the callback's copy: under ddp_spawn, a process of its own wrote it.
         self.record = (runs.record(Path(folder)) if folder else None) or None
         if self.record:
-            print(summary(self.record), flush=True)
+            print(RunRecord.summary(self.record), flush=True)
 
     after_test = after_validate = say
 
-    def stopped_by(self, error: BaseException) -> str | None:
-        """"SIGTERM" or "Ctrl-C" where a signal ended the command, else None."""
+    def stopped(self, error: BaseException) -> Stopped | None:
+        """The one line and exit code of a command that a signal ended: where, what was saved,
+        how to go on (SIGTERM: 143, Ctrl-C: 130); None for any other end."""
         trainer = getattr(self, "trainer", None)
         last = [c for c in getattr(trainer, "callbacks", []) if isinstance(c, LastCheckpoint)]
         by = last[0].stopped_by if last else None
         if isinstance(error, KeyboardInterrupt) or by == "Ctrl-C" and error.code == 1:
-            return "Ctrl-C"  # Lightning ends a second Ctrl-C in a stage with exit(1)
-        if isinstance(error, SIGTERMException):
-            return by or "SIGTERM"
-        return None
-
-    def where(self, by: str) -> str:
-        """The one line of a command stopped by a signal: where, what was saved, how to go on."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return f"stopped by {by} before the command started; nothing was written"
-        fn = getattr(trainer.state.fn, "value", "start")
-        last = [c.saved_on_stop for c in trainer.callbacks if isinstance(c, LastCheckpoint)]
-        if fn == "fit" and any(last):
-            return (f"stopped by {by} in epoch {trainer.current_epoch} at step "
-                    f"{trainer.global_step}; saved {last[0]}: add --ckpt_path {last[0]} to the "
-                    f"same command to go on")
+            by = "Ctrl-C"  # Lightning ends a second Ctrl-C in a stage with exit(1)
+        elif not isinstance(error, SIGTERMException):
+            return None
+        by, code = by or "SIGTERM", {"Ctrl-C": 130}.get(by, 143)
+        # The Trainer's stage, or the subcommand where none runs (export, the model being built)
+        fn = getattr(getattr(trainer, "state", None), "fn", None) or getattr(self, "subcommand", "")
+        if trainer is None or fn == "fit" and trainer.state.fn is None:
+            return Stopped(f"stopped by {by} before the command started; nothing was written", code)
+        saved = [c.saved_on_stop for c in last if c.saved_on_stop]
+        said = f"while {getattr(fn, 'value', fn).rstrip('e')}ing; what it wrote before is whole"
         if fn == "fit":
-            return f"stopped by {by} in epoch {trainer.current_epoch}; no checkpoint was written"
-        return f"stopped by {by} while {fn.rstrip('e')}ing; what it wrote before is whole"
-
-
-def summary(record: dict) -> str:
-    """`ImageClassifier(TutorialMLP) on mnist: test/acc 0.9712, val/acc_best 0.9730 after 3
-    epochs (fit in 12.3 s) on cpu; logs in lightning_logs/version_0`: the accuracies the module
-    logged, under its names (its losses where it logged no accuracy)."""
-    metrics = {k: v for k, v in record["metrics"].items() if "class" not in k}
-    shown = [k for k in sorted(metrics) if "acc" in k and k.startswith(("test", "val"))]
-    shown = shown or [k for k in sorted(metrics) if "loss" in k and not k.startswith("train")]
-    said = ", ".join(f"{k} {metrics[k]:.4f}" for k in shown if metrics[k] is not None)
-    model = record["model"] + (f"({record['network']})" if record["network"] else "")
-    source = f"of {record.get('tested')}"
-    if record["stage"] == "fit":
-        source = f"after {record['epochs']} epochs (fit in {record['fit_seconds']:.1f} s)"
-    return (f"{model} on {record['data']}: {said or 'no metrics logged'} {source} on "
-            f"{record['device']}; logs in {record['log_dir']}")
-
-
-def quiet() -> None:
-    """Silence QUIET's warnings."""
-    for message in QUIET:
-        warnings.filterwarnings("ignore", message=message)  # replaces the same filter
+            said = f"in epoch {trainer.current_epoch}; no checkpoint was written"
+        if fn == "fit" and saved:
+            said = (f"in epoch {trainer.current_epoch} at step {trainer.global_step}; saved "
+                    f"{saved[0]}: add --ckpt_path {saved[0]} to the same command to go on")
+        return Stopped(f"stopped by {by} {said}", code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from lit_cli import runs
 from lit_cli.errors import UsageError
+from lit_cli.runs import pairs
 from lit_models.networks import import_class
 
 
@@ -38,17 +39,17 @@ def recipes_folder() -> Path:
 RECIPES = recipes_folder()
 # Each subcommand, and the arguments of its Trainer method that are not options (LightningCLI's).
 SUBCOMMANDS = {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
-# The options that name a class, and where the parsed configuration holds it.
-CLASS_OPTIONS = {"--model": "model", "--data": "data", "--optimizer": "optimizer",
-                 "--lr_scheduler": "lr_scheduler", "--model.net": "model.init_args.net",
-                 "--model.optimizer": "model.init_args.optimizer",
-                 "--model.scheduler": "model.init_args.scheduler"}
+# The options that name a class (the parsed configuration holds `--model.X` at model.init_args.X).
+CLASS_OPTIONS = ("--model", "--data", "--optimizer", "--lr_scheduler", "--model.net",
+                 "--model.optimizer", "--model.scheduler")
 
 
 def recipes() -> list[str]:
     """The recipes `--model NAME` takes: configs/NAME.yaml."""
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
+
+RECIPE = "|".join(recipes())  # for a usage line
 
 def expand(argv: list[str]) -> list[str]:
     """`argv` as LightningCLI parses it: the three rules applied."""
@@ -69,21 +70,6 @@ def expand(argv: list[str]) -> list[str]:
     elif not (configured or helped):
         args = ["--config", str(RECIPES / "cnn.yaml"), *args]
     return [subcommand, *args]
-
-
-def pairs(args: list[str]):
-    """The command line as (option, value) pairs: `--key=value` and `--key value` alike; a lone
-    argument is an option without a value."""
-    i = 0
-    while i < len(args):
-        key, eq, value = args[i].partition("=")
-        takes_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
-        if takes_next and key.startswith("-"):
-            yield key, args[i + 1]
-            i += 2
-        else:
-            yield (key, value) if eq else (args[i], None)
-            i += 1
 
 
 def names_model(option: str, value: str | None) -> bool:
@@ -113,14 +99,15 @@ def from_own_defaults(config: Namespace, args: list[str]) -> None:
     """Each class the written-out command line `args` names for an option (CLASS_OPTIONS) reset to
     its own defaults, but for the settings given after it, unless it extends the class that the
     configuration files before it gave that option."""
-    for i, (option, value) in enumerate(pairs(args)):
-        key = CLASS_OPTIONS.get(option)
-        spec = config.get(key) if key else None
+    options = list(pairs(args))
+    for i, (option, value) in enumerate(options):
+        key = option[2:].replace("model.", "model.init_args.", 1)
+        spec = config.get(key) if option in CLASS_OPTIONS else None
         if not isinstance(spec, Namespace) or not isinstance(spec.get("init_args"), Namespace):
             continue
-        given = {k.removeprefix(option + ".") for k, _ in list(pairs(args))[i + 1:]}
+        given = {k.removeprefix(option + ".") for k, _ in options[i + 1:]}
         cls = import_class(spec.class_path)
-        before = class_before(key, list(pairs(args))[:i])
+        before = class_before(key, options[:i])
         if before is not None and issubclass(cls, before):
             continue
         defaults = class_defaults(cls)
@@ -134,10 +121,8 @@ def class_defaults(cls: type) -> dict:
     defaults = {}
     for klass in cls.__mro__:
         parameters = inspect.signature(klass).parameters.values()
-        for p in parameters:
-            if p.default is not inspect.Parameter.empty:
-                defaults.setdefault(p.name, p.default)
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        defaults = {p.name: p.default for p in parameters if p.default is not p.empty} | defaults
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             return defaults
     return defaults
 

@@ -40,19 +40,18 @@ def step_aside(trainer: Namespace, model: Namespace) -> list:
     progress bar or a ModelCheckpoint of the user's takes the place of the default one, as
     Lightning's own defaults step aside for them."""
     bare = bool(trainer.get("barebones"))
-    given = {kind for c in trainer.callbacks or [] for kind in (ProgressBar, ModelCheckpoint)
-             if issubclass(import_class(c.class_path), kind) and not is_ours(c)}
+    parsed = [(c, import_class(c.class_path), is_ours(c)) for c in trainer.callbacks or []]
+    theirs = {kind for _, cls, ours in parsed for kind in (ProgressBar, ModelCheckpoint)
+              if issubclass(cls, kind) and not ours}
     off = {ModelCheckpoint: trainer.enable_checkpointing is False or bare,
-           ProgressBar: trainer.enable_progress_bar is False or bare or ProgressBar in given,
+           ProgressBar: trainer.enable_progress_bar is False or bare or ProgressBar in theirs,
            LearningRateMonitor: trainer.logger is False or bare}
-    best_aside = not issubclass(import_class(model.class_path), ImageClassifier)
-    best_aside = best_aside or ModelCheckpoint in given
+    own_model = issubclass(import_class(model.class_path), ImageClassifier)
+    best_aside = ModelCheckpoint in theirs or not own_model
     kept = []
-    for callback in trainer.callbacks or []:
-        cls = import_class(callback.class_path)
-        turned_off = any(issubclass(cls, kind) and is_off for kind, is_off in off.items())
-        aside = best_aside and is_default(callback, BEST_CHECKPOINT)
-        if not (is_ours(callback) and turned_off) and not aside:
+    for callback, cls, ours in parsed:
+        turned_off = ours and any(issubclass(cls, kind) and is_off for kind, is_off in off.items())
+        if not (turned_off or best_aside and is_default(callback, BEST_CHECKPOINT)):
             kept.append(callback)
     return kept
 

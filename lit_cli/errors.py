@@ -61,8 +61,8 @@ def known(e: BaseException) -> tuple[int, str] | None:
     return None
 
 
-def exit_code(error: BaseException, verbose: bool = False) -> int:
-    """The exit code of what ended a command, with its one line (and the traceback of a bug, or
+def exit_code(error: BaseException, verbose: bool = False, program: str = "train.py") -> int:
+    """The exit code of what ended `program`, with its one line (and the traceback of a bug, or
     of anything with `verbose`) on stderr."""
     # jsonargparse's help (0), Lightning's end of a KeyboardInterrupt (1)
     if isinstance(error, SystemExit):
@@ -73,5 +73,5 @@ def exit_code(error: BaseException, verbose: bool = False) -> int:
     if code is None:
         return 1
     said = message if isinstance(error, Stopped) else f"error: {message}"
-    print(f"train.py: {said}", file=sys.stderr)
+    print(f"{program}: {said}", file=sys.stderr)
     return code

@@ -2,6 +2,7 @@
 whole checkpoint, and what its run brings to the command (command_line.py's third rule)."""
 
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -27,22 +28,24 @@ DEPTH = 3
 LOGGERS_WITH_FOLDERS = ("TensorBoardLogger", "CSVLogger")
 
 
+def pairs(args: list[str]):
+    """The command line as (option, value) pairs: `--key=value` and `--key value` alike; a lone
+    argument is an option without a value."""
+    i = 0
+    while i < len(args):
+        key, eq, value = args[i].partition("=")
+        takes_next = not eq and i + 1 < len(args) and not args[i + 1].startswith("--")
+        if takes_next and key.startswith("-"):
+            yield key, args[i + 1]
+            i += 2
+        else:
+            yield (key, value) if eq else (args[i], None)
+            i += 1
+
+
 def option(args: list[str], key: str) -> str | None:
     """The value the command line gives `key` (`--key V` or `--key=V`; the last one)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == key and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(key + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def without(args: list[str], key: str) -> list[str]:
-    """The command line without `key` and its value."""
-    dropped = {i for i, arg in enumerate(args) if arg.startswith(key + "=")}
-    dropped |= {j for i, arg in enumerate(args) if arg == key for j in (i, i + 1)}
-    return [arg for i, arg in enumerate(args) if i not in dropped]
+    return dict(pairs(args)).get(key)
 
 
 def replay(subcommand: str, spec: str, args: list[str], configured: bool) -> list[str]:
@@ -51,7 +54,7 @@ def replay(subcommand: str, spec: str, args: list[str], configured: bool) -> lis
     own) and its logger, in the run's folder. The use commands (test, validate, predict, export)
     take the checkpoint's own model and data, in one process, logging inside the run (test,
     validate) or nowhere (predict, export). The command line's own options come last, and win."""
-    args = without(args, "--ckpt_path")
+    args = [k if v is None else f"{k}={v}" for k, v in pairs(args) if k != "--ckpt_path"]
     root = Path(option(args, "--trainer.default_root_dir") or ".")
     path = checkpoint(spec, subcommand, root).resolve()
     contents = read_checkpoint(path)
@@ -183,13 +186,16 @@ class SaveConfig(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         folder = run_folder(trainer)
         path = Path(folder or ".", self.config_filename)
-        if folder is None:
+        # No folder, or a fit's own test (under ddp_spawn, in processes that did not save it)
+        if folder is None or path.exists() and stage != "fit":
             return
-        if path.exists() and trainer.ckpt_path:  # a fit going on in its folder (SLURM's requeue)
+        # A fit going on in its folder: from --ckpt_path, or SLURM's requeue of its job.
+        resumed = self.config.get("ckpt_path") or os.environ.get("SLURM_RESTART_COUNT", "0") != "0"
+        if path.exists() and resumed:
             path = path.with_name("config-resumed.yaml")
         elif path.exists():
             raise UsageError(f"{path} exists: the logger's run folder holds another run; give the "
                              f"logger a version of its own, or leave it to pick one")
         path.parent.mkdir(parents=True, exist_ok=True)  # before the logger made it (W&B)
-        self.parser.save(self.config, str(path), skip_none=False, overwrite=True,
+        self.parser.save(self.config, str(path), skip_unset=False, overwrite=True,
                          multifile=self.multifile)

@@ -145,6 +145,23 @@ class RunRecord(L.Callback):
             stops = [c.stopped_by for c in trainer.callbacks if isinstance(c, LastCheckpoint)]
             self.write(trainer, pl_module, status(exception, next(filter(None, stops), None)))
 
+    @staticmethod
+    def summary(record: dict) -> str:
+        """A record in a line, `ImageClassifier(mlp) on mnist: test/acc 0.9712, val/acc_best 0.9730
+        after 3 epochs (fit in 12.3 s) on cpu; logs in lightning_logs/version_0`: the accuracies
+        the module logged, under its names (its losses where it logged no accuracy)."""
+        metrics = {k: v for k, v in sorted(record["metrics"].items())
+                   if k.startswith(("test", "val"))}
+        shown = [k for k in metrics if "acc" in k and "class" not in k]
+        shown = shown or [k for k in metrics if "loss" in k]
+        said = ", ".join(f"{k} {metrics[k]:.4f}" for k in shown if metrics[k] is not None)
+        model = record["model"] + (f"({record['network']})" if record["network"] else "")
+        source = f"of {record.get('tested')}"
+        if record["stage"] == "fit":
+            source = f"after {record['epochs']} epochs (fit in {record['fit_seconds']:.1f} s)"
+        return (f"{model} on {record['data']}: {said or 'no metrics logged'} {source} on "
+                f"{record['device']}; logs in {record['log_dir']}")
+
     def write(self, trainer, pl_module, said: str) -> None:
         folder = run_folder(trainer) if trainer.is_global_zero else None
         if folder is None:

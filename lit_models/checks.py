@@ -125,12 +125,12 @@ def check_finite(net: torch.nn.Module, epoch: int, step: int) -> None:
                          f"(--model.optimizer.lr)")
 
 
-def check_weights(model, weights: dict) -> None:
+def check_weights(model, weights: dict, strict: bool = False) -> None:
     """A ModelError naming the `weights` that are NaN or infinite, or of another shape than those of
-    `model` (an ImageClassifier); missing and unexpected ones are Lightning's to refuse or allow
-    (`load_from_checkpoint(strict=False)`)."""
+    `model` (an ImageClassifier), or (`strict`) missing or unexpected."""
     ours = model.state_dict()
-    wrong = [k for k in ours.keys() & weights.keys() if ours[k].shape != weights[k].shape]
+    wrong = sorted(ours.keys() ^ weights.keys()) if strict else []
+    wrong += [k for k in ours.keys() & weights.keys() if ours[k].shape != weights[k].shape]
     damaged = [k for k, v in weights.items() if is_damaged(k, v)]
     if damaged:
         raise ModelError(f"the checkpoint holds NaN or infinite weights "
@@ -140,7 +140,7 @@ def check_weights(model, weights: dict) -> None:
         hp = model.hparams
         raise ModelError(f"the checkpoint's weights do not fit this model ({model.net_name} for "
                          f"{hp.num_classes} classes of {tuple(hp.image_shape)} images): "
-                         f"{', '.join(wrong[:4])} of another shape")
+                         f"{', '.join(wrong[:4])} missing, unexpected or of another shape")
 
 
 def is_damaged(name: str, value: torch.Tensor) -> bool:

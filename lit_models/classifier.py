@@ -296,16 +296,17 @@ class ImageClassifier(L.LightningModule):
         checkpoint["train_window"] = [*self.train_window.tolist(), self.window_images]
 
     def on_load_checkpoint(self, checkpoint):
-        # Before Lightning loads them: their shapes and values (missing and unexpected ones are
-        # Lightning's to refuse or allow: `load_from_checkpoint(strict=False)`).
-        checks.check_weights(self, checkpoint.get("state_dict", {}))
         *window, self.window_images = checkpoint.get("train_window", [0.0, 0.0, 0])
         self.train_window = torch.tensor(window)
         try:
-            training = self.trainer.training
-        except RuntimeError:  # not attached to a Trainer: load_from_checkpoint
-            return
-        if training:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer: load_from_checkpoint, whose `strict`
+            trainer = None  # refuses or allows missing and unexpected weights
+        # Before Lightning loads them: their shapes and values, and as a Trainer loads them
+        # (`strict_loading`), their names.
+        strict = trainer is not None and self.strict_loading
+        checks.check_weights(self, checkpoint.get("state_dict", {}), strict)
+        if trainer is not None and trainer.training:
             # What Lightning restores next, once the optimizers are made (configure_optimizers
             # says how the fit goes on; the data module's position is restored only then).
             self.resuming = checkpoint

@@ -1,11 +1,15 @@
 """What TensorBoard shows of a run beyond its scalars: test images and confusions, train against
 val."""
 
+import itertools
+
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 from PIL import Image, ImageDraw, ImageFont
+from torchvision.transforms.functional import to_pil_image
+from torchvision.utils import draw_bounding_boxes, make_grid
 
 from lit_models.classifier import ImageClassifier
 from lit_models.tags import class_metrics
@@ -18,10 +22,9 @@ LAYOUT = {
         "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]],
     },
 }
-# A test image is enlarged to about TILE pixels, with two lines of LINE under it.
-TILE, LINE, PAD = 96, 14, 4
-GREEN, RED, GREY = (0, 120, 0), (200, 0, 0), (90, 90, 90)
-FONT = ImageFont.load_default(size=LINE - 2)
+# A test image is enlarged to about TILE pixels; cells are PAD apart.
+TILE, PAD = 96, 4
+FONT = ImageFont.load_default(size=12)
 
 
 class Dashboards(L.Callback):
@@ -29,9 +32,9 @@ class Dashboards(L.Callback):
     (`--trainer.callbacks+=Dashboards`, one of train.py's default callbacks).
 
     - At test: `test/predictions`, a grid of test images (the first ones of each test batch, in
-      equal shares) with their true class (grey) and the predicted one (green, or red in a red
-      frame for a mistake), and `test/confusion_matrix` (rows: true classes, columns: predicted;
-      shaded by the share of the row), as images at the step the model was trained to. MLflow
+      equal shares) framed in green, or red for a mistake, captioned with their true and predicted
+      classes, and `test/confusion_matrix` (rows: true classes, columns: predicted; shaded by the
+      share of the row), as images at the step the model was trained to. MLflow
       takes them as artifacts `test/*.png`; other loggers skip them.
     - At the start of a run: a Custom Scalars layout (train and val loss on one chart, accuracy on
       another). Nothing runs in a training step.
@@ -42,8 +45,7 @@ class Dashboards(L.Callback):
 
     def __init__(self, images: int = 32):
         self.images = images
-        # The TensorBoard runs whose layout and settings are written.
-        self.started: set[str] = set()
+        self.started: set[str] = set()  # the TensorBoard runs whose layout is written
         self.shown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     # The start of a run: a fit's, or a test's or validation's of a checkpoint.
@@ -59,11 +61,11 @@ class Dashboards(L.Callback):
         self.shown = []
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if not isinstance(pl_module, ImageClassifier):  # a model of the user's: its own images
-            return
+        # The first process draws the images, for a model of the project's (a user's: its own).
+        shows = isinstance(pl_module, ImageClassifier) and trainer.is_global_zero
         wanted = self.wanted(trainer.num_test_batches[dataloader_idx], batch_idx)
         wanted = min(wanted, self.images - sum(len(labels) for _, labels, _ in self.shown))
-        if wanted <= 0 or not shows_images(trainer):
+        if wanted <= 0 or not (shows and image_loggers(trainer)):
             return
         images, labels = batch[0][:wanted], batch[1][:wanted]
         # The weights (averaged ones too, under EMA) and precision of this test step.
@@ -80,44 +82,25 @@ class Dashboards(L.Callback):
 
     def on_test_epoch_end(self, trainer, pl_module):
         loggers = image_loggers(trainer)
-        classifier = isinstance(pl_module, ImageClassifier)
-        confusion = None
-        if loggers and classifier:
-            # Before the model's own hook resets it; on every process, which a synced compute
-            # needs.
-            confusion = pl_module.test_confusion.compute()
-        if not trainer.is_global_zero or not loggers:
+        if not (loggers and isinstance(pl_module, ImageClassifier)):
             return
-        names = None
-        if classifier:
+        # Before the model's own hook resets it; on every process, which a synced compute needs.
+        confusion = pl_module.test_confusion.compute().cpu()
+        if trainer.is_global_zero:
             names = pl_module.class_names
             name_classes(trainer, names)
-        for tag, figure in self.figures(confusion, names).items():
-            for logger in loggers:
+            figures = {"test/confusion_matrix": confusion_image(confusion, names)}
+            if self.shown:
+                images, labels, predicted = (torch.cat(parts) for parts in zip(*self.shown))
+                figures["test/predictions"] = prediction_grid(images, labels, predicted, names)
+            for (tag, figure), logger in itertools.product(figures.items(), loggers):
                 log_image(logger, tag, figure, trainer.global_step)
         self.shown = []
-
-    def figures(self, confusion: torch.Tensor | None, names: list[str] | None) -> dict:
-        """`test/predictions` of the images shown, and `test/confusion_matrix`, by tag."""
-        figures = {}
-        if self.shown:
-            images, labels, predicted = (torch.cat(parts) for parts in zip(*self.shown))
-            largest = int(max(labels.max(), predicted.max()))
-            names = names or [str(k) for k in range(largest + 1)]
-            figures["test/predictions"] = prediction_grid(images, labels, predicted, names)
-        if confusion is not None:
-            figures["test/confusion_matrix"] = confusion_image(confusion.cpu(), names)
-        return figures
 
 
 def image_loggers(trainer) -> list:
     kinds = (TensorBoardLogger, MLFlowLogger)
     return [logger for logger in trainer.loggers if isinstance(logger, kinds)]
-
-
-def shows_images(trainer) -> bool:
-    """The process that draws the test images: the first, with a logger that takes images."""
-    return trainer.is_global_zero and bool(image_loggers(trainer))
 
 
 def name_classes(trainer, names: list[str]) -> None:
@@ -131,85 +114,52 @@ def name_classes(trainer, names: list[str]) -> None:
             logger.experiment.add_text("test/acc_class", text, trainer.global_step)
 
 
-def log_image(logger, tag: str, image: Image.Image, step: int) -> None:
+def log_image(logger, tag: str, image: torch.Tensor, step: int) -> None:
+    """A (3, H, W) uint8 image in TensorBoard's Images tab, or as an MLflow artifact."""
     if isinstance(logger, TensorBoardLogger):
-        logger.experiment.add_image(tag, np.asarray(image), step, dataformats="HWC")
+        logger.experiment.add_image(tag, image, step)
     else:
-        logger.experiment.log_image(logger.run_id, image, artifact_file=f"{tag}.png")
-
-
-def fit_text(draw: ImageDraw.ImageDraw, text: str, width: int) -> str:
-    while text and draw.textlength(text, font=FONT) > width:
-        text = text[:-1]
-    return text
+        logger.experiment.log_image(logger.run_id, to_pil_image(image), artifact_file=f"{tag}.png")
 
 
 def prediction_grid(images: torch.Tensor, labels: torch.Tensor, predicted: torch.Tensor,
-                    names: list[str], columns: int = 8) -> Image.Image:
-    """uint8 images (N, C, H, W) in a grid of `columns`, each enlarged by a whole factor to about
-    TILE pixels (at least TILE wide), its true class under it and the predicted one (green, or red
-    and framed in red: a mistake)."""
-    n, _, height, width = images.shape
-    scale = max(1, TILE // max(height, width))
-    cell_w = max(TILE, width * scale) + 2 * PAD
-    cell_h = height * scale + 2 * LINE + 3 * PAD
-    rows = -(-n // columns)
-    grid = Image.new("RGB", (min(n, columns) * cell_w, rows * cell_h), "white")
-    draw = ImageDraw.Draw(grid)
-    pixels = rgb(images)
-    for i in range(n):
-        x, y = (i % columns) * cell_w, (i // columns) * cell_h
-        tile = Image.fromarray(np.ascontiguousarray(pixels[i].numpy()))
-        tile = tile.resize((width * scale, height * scale), Image.NEAREST)
-        left = x + (cell_w - tile.width) // 2
-        grid.paste(tile, (left, y + PAD))
-        verdict = GREEN
-        if labels[i] != predicted[i]:
-            verdict = RED
-            frame = (left - 2, y + PAD - 2, left + tile.width + 1, y + PAD + tile.height + 1)
-            draw.rectangle(frame, outline=RED, width=2)
-        captions = ((names[labels[i]], GREY), (names[predicted[i]], verdict))
-        for line, (text, colour) in enumerate(captions):
-            position = (x + PAD, y + 2 * PAD + tile.height + line * LINE)
-            draw.text(position, fit_text(draw, text, cell_w - 2 * PAD), fill=colour, font=FONT)
-    return grid
+                    names: list[str]) -> torch.Tensor:
+    """uint8 images (N, C, H, W) in a grid 8 wide, each enlarged by a whole factor to about TILE
+    pixels, framed in green (right) or red (a mistake), and captioned `true > predicted`."""
+    scale = max(1, TILE // max(images.shape[2:]))
+    tiles = rgb(images).repeat_interleave(scale, 2).repeat_interleave(scale, 3)
+    box = torch.tensor([[0, 0, tiles.shape[3] - 1, tiles.shape[2] - 1]])
+    drawn = [draw_bounding_boxes(tile, box, [f"{names[t]} > {names[p]}"], width=2,
+                                 colors="green" if t == p else "red", label_colors="black",
+                                 fill_labels=True)
+             for tile, t, p in zip(tiles, labels.tolist(), predicted.tolist())]
+    return make_grid(drawn, nrow=8, padding=PAD, pad_value=255)
 
 
 def rgb(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images (N, C, H, W) as (N, H, W, 3) pixels: one channel as grey, more cut to three."""
-    pixels = images.clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
-    if images.shape[1] == 1:
-        return pixels.expand(-1, -1, -1, 3)
-    return pixels[..., :3]
+    """uint8 images (N, C, H, W) as (N, 3, H, W): one channel as grey, more cut to three."""
+    return images.clamp(0, 255).to(torch.uint8)[:, :3].expand(-1, 3, -1, -1)
 
 
-def confusion_image(confusion: torch.Tensor, names: list[str], cell: int = 40) -> Image.Image:
+def confusion_image(confusion: torch.Tensor, names: list[str]) -> torch.Tensor:
     """A (K, K) confusion matrix of counts (rows: true, columns: predicted) as a heat map with the
-    counts and the class names: each cell shaded by its share of the row, so that a class's recall
-    is its diagonal's shade."""
-    k = len(confusion)
-    cell = max(12, min(cell, 640 // k))
-    margin = int(max(FONT.getlength(name) for name in names)) + 3 * PAD + LINE
-    image = Image.new("RGB", (margin + k * cell + PAD, margin + k * cell + PAD), "white")
+    counts, the class names at the rows' left: each cell shaded by its share of the row, so that a
+    class's recall is its diagonal's shade."""
+    k, cell = len(confusion), max(12, min(40, 640 // len(confusion)))
+    share = confusion / confusion.sum(1, keepdim=True).clamp(min=1)
+    shades = 255 + (torch.tensor([31, 91, 180]).view(3, 1, 1) - 255) * share
+    margin = int(max(FONT.getlength(name) for name in names)) + 2 * PAD
+    image = Image.new("RGB", (margin + k * cell, k * cell), "white")
+    cells = to_pil_image(shades.byte()).resize((k * cell, k * cell), Image.NEAREST)
+    image.paste(cells, (margin, 0))
     draw = ImageDraw.Draw(image)
-    share = (confusion / confusion.sum(1, keepdim=True).clamp(min=1)).numpy()
-    for r in range(k):
-        for c in range(k):
-            shade = tuple(int(255 + (t - 255) * share[r, c]) for t in (31, 91, 180))
-            top, left = margin + r * cell, margin + c * cell
-            box = (left, top, left + cell - 1, top + cell - 1)
-            draw.rectangle(box, fill=shade)
-            if cell >= 24:
-                centre = (left + cell // 2, top + cell // 2)
-                ink = "white" if share[r, c] > 0.5 else "black"
-                draw.text(centre, str(int(confusion[r, c])), anchor="mm", fill=ink, font=FONT)
-        row_name_at = (margin - PAD, margin + r * cell + cell // 2)
-        draw.text(row_name_at, names[r], anchor="rm", fill="black", font=FONT)
-    # Column names read upwards: drawn in a strip that is then turned a quarter to the left.
-    strip = Image.new("RGB", (margin - LINE, k * cell), "white")
-    strip_draw = ImageDraw.Draw(strip)
-    for c in range(k):
-        strip_draw.text((PAD, c * cell + cell // 2), names[c], anchor="lm", fill="black", font=FONT)
-    image.paste(strip.rotate(90, expand=True), (margin, LINE))
-    draw.text((PAD, PAD), "true \\ predicted", fill=GREY, font=FONT)
-    return image
+    for r, c in itertools.product(range(k), range(k)):
+        ink = "white" if share[r, c] > 0.5 else "black"
+        centre = (margin + c * cell + cell // 2, r * cell + cell // 2)
+        draw.text(centre, str(int(confusion[r, c])), anchor="mm", fill=ink, font=FONT)
+        draw.text((margin - PAD, centre[1]), names[r], anchor="rm", fill="black", font=FONT)
+    return to_tensor_image(image)
+
+
+def to_tensor_image(image: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)

@@ -118,7 +118,7 @@ def run_workers(opts, cli, n: int) -> list[int]:
     # Forked from a server that imported these once: spawned, each worker would import them again
     # (seconds of CPU); forked from this process, it would inherit its state and threads.
     context.set_forkserver_preload(["torch", "lightning.pytorch", "optuna"])
-    workers = [context.Process(target=work_alone, args=(opts, cli)) for _ in range(1, n)]
+    workers = [context.Process(target=work_alone, args=(opts, cli, i)) for i in range(1, n)]
     for worker in workers:
         worker.start()
     # This process's worker passes the signals it takes on to the others, to their end (one that
@@ -133,9 +133,9 @@ def run_workers(opts, cli, n: int) -> list[int]:
     return [*codes, objective.stop, *(worker.exitcode for worker in workers)]
 
 
-def work_alone(opts, cli) -> None:
+def work_alone(opts, cli, index: int) -> None:
     """A worker process; its exit code is work's."""
-    sys.exit(work(opts, Objective(opts, cli, [])))
+    sys.exit(work(opts, Objective(opts, cli, [], index)))
 
 
 def work(opts, objective: "Objective") -> int:
@@ -145,7 +145,11 @@ def work(opts, objective: "Objective") -> int:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, objective.note)
     study = optuna.load_study(study_name=opts.name, storage=storage(opts.storage, opts.heartbeat),
-                              pruner=optuna.pruners.MedianPruner(4, n_warmup_steps=2))  # and TPE
+                              pruner=optuna.pruners.MedianPruner(4, n_warmup_steps=2))
+    # TPE seeded by the runs' seed, the worker and the trials so far: a sweep samples as it did,
+    # each worker other settings, and a sweep that goes on new ones.
+    seed = opts.seed + objective.index + opts.parallel * len(study.trials)
+    study.sampler = optuna.samplers.TPESampler(seed=seed)
     budget = optuna.study.MaxTrialsCallback(opts.budget, states=COUNTED)
     try:  # none past the budget, from the first trial on
         if len(study.get_trials(deepcopy=False, states=COUNTED)) < opts.budget:
@@ -166,8 +170,8 @@ class Objective:
     trial's setting trained once per seed by `cli`, its value the mean of the runs' objective;
     and the stops of the worker, which passes them on to `workers`."""
 
-    def __init__(self, opts, cli, workers: list):
-        self.opts, self.cli, self.workers = opts, cli, workers
+    def __init__(self, opts, cli, workers: list, index: int = 0):
+        self.opts, self.cli, self.workers, self.index = opts, cli, workers, index
         self.stop = 0  # the exit code of a signal that asked the worker to stop
 
     def note(self, signum, frame) -> None:

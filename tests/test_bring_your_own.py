@@ -127,9 +127,6 @@ def test_two_mlflow_runs_each_keep_their_files_in_their_own_folder(mnist_dir, in
     each_in_its_own_folder(in_tmp / "mlr")
 
 
-@pytest.mark.xfail(reason="CORE: lit_cli/runs.py SaveConfig writes config.yaml into a W&B run's "
-                          "folder before anything made it: jsonargparse's PathError, exit 1",
-                   strict=True)
 def test_two_wandb_runs_each_keep_their_files_in_their_own_folder(mnist_dir, in_tmp, monkeypatch):
     """Weights & Biases goes on with the run a process has begun: wandb.finish() between the two,
     as a new process would begin its own."""
@@ -148,9 +145,6 @@ def test_two_wandb_runs_each_keep_their_files_in_their_own_folder(mnist_dir, in_
     each_in_its_own_folder(in_tmp / "wb")
 
 
-@pytest.mark.xfail(reason="CORE: lit_cli/runs.py SaveConfig lets jsonargparse's ValueError "
-                          "'Refusing to overwrite existing file' through: a traceback, exit 1",
-                   strict=True)
 def test_a_run_into_a_run_folder_that_is_taken_is_one_line(mnist_dir, in_tmp, capsys):
     logger = ["--trainer.logger", "TensorBoardLogger", "--trainer.logger.save_dir", "tb",
               "--trainer.logger.name", "x", "--trainer.logger.version", "3"]

@@ -97,9 +97,7 @@ def test_a_strategy_is_the_one_lightnings_trainer_builds(strategy, data, in_tmp)
 
 
 @pytest.mark.parametrize("strategy, says", [
-    pytest.param("fsdp", "requires a GPU accelerator", marks=pytest.mark.xfail(
-        strict=True, reason="CORE: lit_cli/errors.py: Lightning's ValueError for a strategy that "
-        "cannot run is not a known error: a traceback and exit 1")),
+    ("fsdp", "requires a GPU accelerator"),
     ("deepspeed", "pip install -U deepspeed"),
 ])
 def test_lightnings_refusal_of_a_strategy_is_one_line_before_work_starts(strategy, says, data,
@@ -112,10 +110,6 @@ def test_lightnings_refusal_of_a_strategy_is_one_line_before_work_starts(strateg
 
 
 @pytest.mark.slow  # processes
-@pytest.mark.xfail(strict=True, reason="CORE: Lightning's _MultiProcessingLauncher (ddp_fork, "
-                   "and ddp_spawn alike: checked by hand, 20 s) runs each stage in processes of "
-                   "their own: the fit's RunRecord is not train.py's, the fit's test logs in "
-                   "another run folder, and no summary line is printed")
 def test_a_fit_in_forked_processes_from_the_command_line_keeps_its_record(data, in_tmp, capsys):
     assert run_train(fit_args(data, "--trainer.devices=2", "--trainer.strategy=ddp_fork",
                               "--trainer.max_steps=2", "--trainer.limit_val_batches=1")) == 0

@@ -67,11 +67,10 @@ def test_test_images_and_confusion_matrix(fitted):
     assert set(shown) == {"test/predictions", "test/confusion_matrix"}
     step, grid = shown["test/predictions"]
     assert step == results(fitted.fit)["global_step"]
-    # 32 of the 200 test images, 8 a row; 28 pixels enlarged 3 times, in cells of 96 + 2 * 4 by
-    # 84 + 2 * 14 + 3 * 4
-    assert grid.size == (8 * 104, 4 * 124)
+    # 32 of the 200 test images, 8 a row; 28 pixels enlarged 3 times, 4 apart
+    assert grid.size == (8 * 88 + 4, 4 * 88 + 4)
     step, confusion = shown["test/confusion_matrix"]
-    assert confusion.width == confusion.height > 10 * 40
+    assert confusion.height == 10 * 40 and confusion.width > confusion.height  # names at the left
     # Counted before the model's own hook resets its confusion matrix: the diagonal of a model
     # this accurate is dark.
     pixels = np.asarray(confusion).astype(int)
@@ -112,14 +111,15 @@ def test_prediction_grid_marks_mistakes():
     images = torch.full((10, 3, 32, 32), 128, dtype=torch.uint8)
     labels, predicted = torch.arange(10), torch.arange(10)
     predicted[3] = 4
-    grid = np.asarray(prediction_grid(images, labels, predicted, [f"class {k}" for k in range(10)]))
-    # 32 pixels enlarged 3 times; two rows of 8
-    assert grid.shape == (2 * (96 + 28 + 12), 8 * 104, 3)
+    names = [f"class {k}" for k in range(10)]
+    grid = prediction_grid(images, labels, predicted, names).permute(1, 2, 0).numpy()
+    # 32 pixels enlarged 3 times, 4 apart; two rows of 8
+    assert grid.shape == (2 * 100 + 4, 8 * 100 + 4, 3)
 
     def red(i):
         """Pixels of the frame and caption colour of a mistake, in image i's cell."""
         row, col = divmod(i, 8)
-        cell = grid[row * 136 : (row + 1) * 136, col * 104 : (col + 1) * 104].astype(int)
+        cell = grid[row * 100 + 4 : (row + 1) * 100, col * 100 + 4 : (col + 1) * 100].astype(int)
         return int(((cell[..., 0] > 150) & (cell[..., 1] < 60) & (cell[..., 2] < 60)).sum())
 
     assert red(3) > 4 * 96 and all(red(i) == 0 for i in range(10) if i != 3)
@@ -143,7 +143,7 @@ def test_other_loggers(logger, mnist_dir, in_tmp, monkeypatch):
         ["confusion_matrix.png", "predictions.png"] if logger == "MLFlowLogger" else []
     )
     if pictures:
-        assert Image.open(pictures[1]).size == (8 * 104, 4 * 124)
+        assert Image.open(pictures[1]).size == (8 * 88 + 4, 4 * 88 + 4)
     if logger == "CSVLogger":
         header = next(in_tmp.glob("logs/**/metrics.csv")).read_text().splitlines()[0]
         assert "lr-AdamW" in header and "test/acc" in header

@@ -405,15 +405,9 @@ def test_use_commands_find_runs_wherever_the_logger_put_them_and_make_no_new_run
     assert len(list(csv_run.glob("predictions-*.csv"))) == 1
 
 
-TIMER_CORE = pytest.mark.xfail(reason="CORE: train.py no longer registers a YAML representer for "
-                                      "Timer's `interval` enum (the old lit_cli/runs.py did): "
-                                      "jsonargparse cannot dump its default, a traceback, exit 1",
-                               strict=True)
-
-
 @pytest.mark.parametrize("args, expected", [
     pytest.param(["--trainer.callbacks+=Timer", "--trainer.callbacks.duration=00:00:00:01",
-                  "--trainer.max_epochs=1000"], 0, marks=TIMER_CORE),
+                  "--trainer.max_epochs=1000"], 0),
     # Those that run can share one.
     (["--trainer.callbacks+=Timer", "--trainer.callbacks.duration=00:00:00:01",
       "--trainer.callbacks.interval=step", "--trainer.max_epochs=1000",

@@ -21,11 +21,6 @@ BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "2"
 pytestmark = pytest.mark.slow  # a fit or more each: seconds
 
 
-@pytest.mark.xfail(strict=True, reason="CORE: lit_cli/runs.py SaveConfig: Lightning's default "
-                   "logger names a SLURM job's run version_<job id>, so the requeued job logs in "
-                   "the folder of its first start, where SaveConfig (overwrite false) refuses to "
-                   "replace config.yaml: 'Refusing to overwrite existing file', a traceback, "
-                   "exit 1")
 def test_a_requeued_slurm_job_goes_on_from_lightnings_checkpoint_and_ends_as_an_unbroken_fit(
         mnist_dir, tmp_path, monkeypatch):
     (tmp_path / "bin").mkdir()

@@ -35,7 +35,8 @@ def commands() -> list[list[str]]:
 def folder(tmp_path):
     """What the README's commands read: the data sets, image files and the recipes."""
     cwd = tmp_path
-    write_cifar10(write_mnist(write_mnist(cwd / "data"), folder="FashionMNIST"))
+    # Enough Fashion-MNIST images for the sweep space's batches of up to 1536.
+    write_cifar10(write_mnist(write_mnist(cwd / "data"), folder="FashionMNIST", train=1800))
     (cwd / "my_images").mkdir()
     for name in ("a.png", "b.jpg"):
         Image.fromarray(np.full((32, 32, 3), 200, dtype=np.uint8)).save(cwd / "my_images" / name)
@@ -125,5 +126,6 @@ def test_a_missing_package_is_one_line_naming_the_install_command(module, extra,
         return
     import sweep
 
+    monkeypatch.delitem(sys.modules, "lit_sweep.study", raising=False)  # imported at collection
     assert sweep.main(["--model", "mlp"]) != 0
     assert f"pip install -e '.[{extra}]'" in capsys.readouterr().err

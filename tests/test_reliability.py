@@ -427,9 +427,6 @@ def test_a_fit_with_swa_from_the_command_line_predicts(swa_run, tmp_path):
     assert len(list(swa_run.glob("*.csv"))) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="CORE: config.yaml (lit_cli/runs.py SaveConfig, "
-                   "jsonargparse's dump) writes StochasticWeightAveraging's torch.device default "
-                   "as 'device: Unable to serialize instance cpu': run again, it is a traceback")
 def test_the_config_of_a_fit_with_swa_runs_it_again(swa_run, tmp_path):
     assert in_folder(tmp_path, ["--config", str(swa_run / "config.yaml")]) == 0
     again = results(runs(tmp_path)[0])

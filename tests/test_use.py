@@ -210,21 +210,13 @@ def damage(problem: str, original: Path, path: Path) -> None:
         torch.save(checkpoint, path)
 
 
-# The export of a checkpoint loads its weights itself (lit_cli/trainer.py Trainer.export:
-# model.load_state_dict), past ImageClassifier.on_load_checkpoint's check_weights.
-EXPORT_SKIPS_CHECK = pytest.mark.xfail(
-    reason="CORE: lit_cli/trainer.py export loads the weights with load_state_dict, without "
-           "lit_models/checks.check_weights", strict=True)
-MISSING_KEY = pytest.mark.xfail(
-    reason="CORE: lit_models/checks.check_weights leaves a missing weight to Lightning's strict "
-           "load, a RuntimeError with a traceback", strict=True)
 PROBLEMS = {
     "missing": (2, "--ckpt_path {path}: no such checkpoint file"),
     "truncated": (1, "checkpoint {path} cannot be read (BadZipFile): it is truncated"),
     "not a checkpoint": (1, "checkpoint {path} cannot be read (no Lightning version)"),
     "NaN weights": (1, "the checkpoint holds NaN or infinite weights (net.fc1.weight)"),
     "another network's shapes": (1, "the checkpoint's weights do not fit this model (cnn for 10 "
-                                    "classes of (1, 28, 28) images): net.fc"),
+                                    "classes of (1, 28, 28) images): net."),
     "a key deleted": (1, "net.fc2.bias"),
 }
 
@@ -239,10 +231,6 @@ BAD += [("NaN weights", "export"), ("another network's shapes", "export")]
 
 @pytest.mark.parametrize("problem, command", BAD)
 def test_bad_checkpoints_fail_in_one_line(problem, command, in_run, tmp_path, capsys, request):
-    if command == "export" and problem in ("NaN weights", "another network's shapes"):
-        request.applymarker(EXPORT_SKIPS_CHECK)
-    if problem == "a key deleted":
-        request.applymarker(MISSING_KEY)
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     path = tmp_path / "run" / "checkpoints" / "bad.ckpt"
     damage(problem, best_of(in_run.run), path)
@@ -482,8 +470,6 @@ def test_a_run_folder_without_a_best_checkpoint_tests_its_last(mnist_dir, in_tmp
     refused(["test", "--ckpt_path", "best"], "version_0", "best", capsys)
 
 
-@pytest.mark.xfail(reason="CORE: validate of a run without a validation split exits 0 and says "
-                          "nothing (Lightning validates an empty list of loaders)", strict=True)
 def test_validate_without_a_validation_split_is_refused(mnist_dir, in_tmp, capsys):
     assert run_train(["--model", "mlp", "--data.data_dir", str(mnist_dir),
                       "--data.val_size", "0", *SHORT]) == 0
