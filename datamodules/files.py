@@ -60,14 +60,19 @@ def new_file(folder: Path, stem: str, suffix: str):
         raise
 
 
-def output_over(path: Path, kept: list) -> Path:
-    """An explicit output `path`, replaced as asked, unless it is one of the files `kept` (the
-    checkpoint, an input): a slip that would lose it. A ValueError names which."""
+def output_file(output: str | None, kept: list, folder: Path, stem: str, suffix: str):
+    """A context of the file a command writes: `output`, replaced as asked, unless it is one of
+    the files `kept` (the checkpoint, an input: a slip that would lose it, refused in one line);
+    or a new file folder/stem`suffix` of its own (`new_file`)."""
+    if not output:
+        return new_file(folder, stem, suffix)
+    path = Path(output).expanduser()
     for other in filter(None, kept):
         with contextlib.suppress(OSError):  # one that is not there is not lost
             if os.path.samefile(path, other):
-                raise ValueError(f"{path} is {other}, which this command reads")
-    return path
+                raise FileExistsError(errno.EEXIST, f"--output is {other}, which this command "
+                                                    f"reads; name another file", str(path))
+    return contextlib.nullcontext(path)
 
 
 class WholeCheckpointIO(TorchCheckpointIO):

@@ -9,18 +9,6 @@ from lit_models.schedules import OneCycle
 from lit_models.whitened_net import WhitenedNet
 from lit_models.whitening import PatchWhitening
 
-__all__ = [
-    "Dashboards",
-    "EMA",
-    "ImageClassifier",
-    "LastCheckpoint",
-    "ModelError",
-    "NETWORKS",
-    "OneCycle",
-    "PatchWhitening",
-    "RunRecord",
-    "TrainingSpeed",
-    "TutorialCNN",
-    "TutorialMLP",
-    "WhitenedNet",
-]
+__all__ = ["Dashboards", "EMA", "ImageClassifier", "LastCheckpoint", "ModelError", "NETWORKS",
+           "OneCycle", "PatchWhitening", "RunRecord", "TrainingSpeed", "TutorialCNN", "TutorialMLP",
+           "WhitenedNet"]

@@ -163,13 +163,11 @@ class RunRecord(L.Callback):
                 f"{record['device']}; logs in {record['log_dir']}")
 
     def write(self, trainer, pl_module, said: str) -> None:
-        folder = run_folder(trainer) if trainer.is_global_zero else None
-        if folder is None:
+        folder = trainer.is_global_zero and run_folder(trainer)  # the first process's
+        if not folder:
             return
         path = Path(folder, "results.json")
-        record = {"metrics": {}}
-        if path.is_file():
-            record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"metrics": {}}
         stage = trainer.state.fn.value
         if stage != "fit":
             record["tested"] = trainer.ckpt_path or "the weights as trained"

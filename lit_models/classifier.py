@@ -86,10 +86,8 @@ class ImageClassifier(L.LightningModule):
         self.net = None
         self.resuming: dict | None = None  # the checkpoint a fit goes on from
         self.resumed: resume.Resumption | None = None  # and how
-        self.val_loss = MeanMetric(nan_strategy="disable")
-        self.val_acc = MeanMetric(nan_strategy="disable")
-        self.test_loss = MeanMetric(nan_strategy="disable")
-        self.test_acc = MeanMetric(nan_strategy="disable")
+        for name in ("val_loss", "val_acc", "test_loss", "test_acc"):  # per image: exact means
+            setattr(self, name, MeanMetric(nan_strategy="disable"))
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints: a resumed run remembers its best epoch
         # Training loss and accuracy summed since last logged (logs_at), and their epoch means:

@@ -1,7 +1,6 @@
 """Exporting a trained model (`train.py export`, `export(model, data, ...)` from Python): a file a
 serving stack loads without this project, checked against the model on real test images."""
 
-import contextlib
 import copy
 import json
 from pathlib import Path
@@ -11,11 +10,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from datamodules.files import new_file, output_over, written_whole
+from datamodules.files import output_file, written_whole
 from lit_models import test_time
 from lit_models.classifier import ImageClassifier, ModelError
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "pt2": ".pt2"}
+BATCH = torch.export.Dim("batch")  # any number of images
 
 
 class Servable(nn.Module):
@@ -60,18 +60,12 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
         # The class names beside the file too, where any server can read them.
         with written_whole(target.with_name(target.name + ".classes.json")) as tmp:
             tmp.write_text(meta["classes"] + "\n", encoding="utf-8")
-    name = "the model"
-    if checkpoint:
-        name = checkpoint.name
-    hp = model.hparams
-    kib = target.stat().st_size / 1024
-    shape = ", ".join(map(str, hp.image_shape))
-    n = len(images)
-    print(f"Exported {name} as {fmt} to {target} ({kib:.0f} KiB): "
-          f"uint8 images (N, {shape}) -> probabilities of {hp.num_classes} classes")
-    print(f"Checked with {runtime} on {n} test images (batches of 1 and {n - 1}): "
-          f"probabilities within {difference:.1e} of the checkpoint's, "
-          f"{agree} of {n} top classes the same")
+    hp, n = model.hparams, len(images)
+    print(f"Exported {getattr(checkpoint, 'name', 'the model')} as {fmt} to {target} "
+          f"({target.stat().st_size / 1024:.0f} KiB): uint8 images (N, "
+          f"{', '.join(map(str, hp.image_shape))}) -> probabilities of {hp.num_classes} classes")
+    print(f"Checked with {runtime} on {n} test images (batches of 1 and {n - 1}): probabilities "
+          f"within {difference:.1e} of the checkpoint's, {agree} of {n} top classes the same")
     return {"stage": "export", "format": fmt, "output": str(target),
             "max_difference": difference, "agree": agree}
 
@@ -102,16 +96,12 @@ def export_own(model: L.LightningModule, fmt: str, claim) -> dict:
 
 
 def export_target(fmt: str, output: str | None, checkpoint: Path | None):
-    """A context of the file to write: `output` (replaced, as asked, unless it is the checkpoint),
-    or a new file named after the checkpoint beside its run, a name of its own (`new_file`)."""
+    """A context of the file to write: `output`, or a new file named after the checkpoint beside
+    its run (files.output_file)."""
     if output is None and checkpoint is None:
         raise ModelError("export needs an output file or the checkpoint to name it after")
-    if output:
-        try:
-            return contextlib.nullcontext(output_over(Path(output).expanduser(), [checkpoint]))
-        except ValueError as e:
-            raise ModelError(f"export's output {output}: {e}; name another file") from None
-    return new_file(checkpoint.parent.parent, checkpoint.stem, FORMATS[fmt])
+    folder, stem = (checkpoint.parent.parent, checkpoint.stem) if checkpoint else (None, None)
+    return output_file(output, [checkpoint], folder, stem, FORMATS[fmt])
 
 
 def checking_images(data) -> torch.Tensor:
@@ -123,13 +113,9 @@ def checking_images(data) -> torch.Tensor:
 
 def metadata(model: ImageClassifier) -> dict[str, str]:
     """What an ONNX file carries as metadata; the class names go into every format."""
-    hp = model.hparams
-    return {
-        "classes": json.dumps(model.class_names, ensure_ascii=False),  # as given, no \u escapes
-        "image_shape": json.dumps(list(hp.image_shape)),
-        "input": "uint8 images (N, C, H, W), 0..255",
-        "output": "class probabilities (N, classes)",
-    }
+    return {"classes": json.dumps(model.class_names, ensure_ascii=False),  # as given: no \u
+            "image_shape": json.dumps(list(model.hparams.image_shape)),
+            "input": "uint8 images (N, C, H, W), 0..255", "output": "class probabilities (N, C)"}
 
 
 def write_onnx(servable: Servable, images: torch.Tensor, path: str, meta: dict):
@@ -137,10 +123,8 @@ def write_onnx(servable: Servable, images: torch.Tensor, path: str, meta: dict):
     import onnx
     import onnxruntime
 
-    batch = torch.export.Dim("batch")
-    torch.onnx.export(servable, (images[:2],), path,
-                      input_names=["images"], output_names=["probabilities"],
-                      dynamic_shapes=({0: batch},), dynamo=True,
+    torch.onnx.export(servable, (images[:2],), path, input_names=["images"],
+                      output_names=["probabilities"], dynamic_shapes=({0: BATCH},), dynamo=True,
                       external_data=False, verbose=False)
     graph = onnx.load(path)
     for key, value in meta.items():
@@ -163,8 +147,7 @@ def write_torchscript(servable: Servable, images: torch.Tensor, path: str, meta:
 
 def write_pt2(servable: Servable, images: torch.Tensor, path: str, meta: dict):
     """Write and load a torch.export program; return how to run it and what runs it."""
-    batch = torch.export.Dim("batch")
-    program = torch.export.export(servable, (images[:2],), dynamic_shapes=({0: batch},))
+    program = torch.export.export(servable, (images[:2],), dynamic_shapes=({0: BATCH},))
     torch.export.save(program, path, extra_files={"classes.json": meta["classes"]})
     return torch_runner(torch.export.load(path).module())
 

@@ -14,12 +14,12 @@ come from the data module. NETWORKS holds the short names (`--model.net mlp`).
 """
 
 import importlib
-import inspect
 from collections import OrderedDict
 from typing import Union
 
 from torch import nn
 
+from lit_models.checks import ModelError
 from lit_models.whitened_net import WhitenedNet
 
 
@@ -95,19 +95,10 @@ def import_class(path: str) -> type:
 
 
 def network_class(name: str) -> type[nn.Module]:
-    """The network class `name` names: a key of NETWORKS, or an import path of an nn.Module class
-    or of a function that builds one (torchvision's `torchvision.models.resnet18`)."""
-    if name in NETWORKS:
-        return NETWORKS[name]
-    cls = None
-    if "." in name:
-        try:
-            cls = import_class(name)
-        except (ImportError, AttributeError, ValueError):
-            pass
-    is_module_class = isinstance(cls, type) and issubclass(cls, nn.Module)
-    if not (is_module_class or inspect.isfunction(cls)):
-        raise ValueError(f"--model.net {name!r} is not a network: use one of "
-                         f"{', '.join(NETWORKS)}, or the import path of an nn.Module class taking "
-                         f"(image_shape, num_classes)")
-    return cls
+    """The network class `name` names: a key of NETWORKS, or an import path (of an nn.Module class,
+    or of a function that builds one: torchvision's `torchvision.models.resnet18`)."""
+    try:
+        return NETWORKS.get(name) or import_class(name)
+    except (ImportError, AttributeError, ValueError):
+        raise ModelError(f"--model.net {name!r} is not a network: use one of "
+                         f"{', '.join(NETWORKS)}, or an nn.Module class's import path") from None

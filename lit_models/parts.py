@@ -2,6 +2,7 @@
 that data stands for: how a checkpoint rebuilds the same network, optimizer and schedule. And the
 mixing of a training batch (mixup, cutmix)."""
 
+import contextlib
 import functools
 import inspect
 from typing import Callable, Union
@@ -26,10 +27,7 @@ def as_spec(part):
     anything else (LightningCLI's own partials, whose configuration LightningCLI records itself) as
     it is."""
     if isinstance(part, str):
-        try:
-            part = network_class(part)
-        except ValueError as e:
-            raise ModelError(str(e)) from None
+        part = network_class(part)
     if importable(part):
         part = functools.partial(part)
     if isinstance(part, functools.partial) and importable(part.func) and not part.args:
@@ -114,14 +112,10 @@ def arguments(factory, shape: tuple[int, int, int], num_classes: int) -> tuple[t
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a callable without a signature: the project's convention
         return (shape, num_classes), {}
-    takes_classes = "num_classes" in parameters or keywords(parameters)
-    if "image_shape" in parameters or not takes_classes:
+    keywords = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    if "image_shape" in parameters or not ("num_classes" in parameters or keywords):
         return (shape, num_classes), {}
     return (), {"num_classes": num_classes}
-
-
-def keywords(parameters) -> bool:
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def try_on(net: torch.nn.Module, name: str, shape: tuple[int, int, int], num_classes: int) -> None:
@@ -137,8 +131,8 @@ def try_on(net: torch.nn.Module, name: str, shape: tuple[int, int, int], num_cla
         raise ModelError(f"the network {name} cannot take {shape} images: {reason}") from None
     finally:
         net.train(was_training)
-    if tuple(getattr(outputs, "shape", ())) != (2, num_classes):
-        given = tuple(getattr(outputs, "shape", ()))
+    given = tuple(getattr(outputs, "shape", ()))
+    if given != (2, num_classes):
         raise ModelError(f"the network {name} gives outputs of shape {given} for a batch of 2, "
                          f"not (2, {num_classes}): one logit per class")
 
@@ -154,15 +148,11 @@ def build_optimizer(factory, params: list) -> torch.optim.Optimizer:
 
 def learning_rate(factory) -> float | None:
     """The learning rate an optimizer callable gives: its `lr` argument, or its class's default."""
-    keywords = getattr(factory, "keywords", {})
-    if "lr" in keywords:
-        return keywords["lr"]
-    target = named(factory, None)
-    try:
-        default = inspect.signature(target).parameters["lr"].default
-    except (TypeError, ValueError, KeyError):
-        return None
-    return None if default is inspect.Parameter.empty else default
+    if "lr" in getattr(factory, "keywords", {}):
+        return factory.keywords["lr"]
+    with contextlib.suppress(TypeError, ValueError, KeyError):  # no signature, or no lr
+        return inspect.signature(named(factory, None)).parameters["lr"].default
+    return None
 
 
 def with_learning_rate(part, lr: float):
@@ -176,11 +166,9 @@ def with_learning_rate(part, lr: float):
 def plans_over_run(schedule) -> bool:
     """Whether the schedule `schedule` builds is planned over the run's steps (it takes
     `total_steps`: OneCycle)."""
-    if schedule is None:
-        return False
     # A schedule class, or a partial of one (what LightningCLI makes of --model.scheduler, its
     # arguments bound).
-    takes_steps = "total_steps" in inspect.signature(schedule).parameters
+    takes_steps = schedule is not None and "total_steps" in inspect.signature(schedule).parameters
     return takes_steps or "total_steps" in getattr(schedule, "keywords", {})
 
 

@@ -1,7 +1,6 @@
 """`train.py predict`: each image's top classes to a CSV file, for the test split (with its true
 labels) or for image files, read with the decoder training used (README.md, Use)."""
 
-import contextlib
 import csv
 import glob
 import os
@@ -15,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from datamodules.files import new_file, output_over, written_whole
+from datamodules.files import output_file, written_whole
 from datamodules.images import ImageFiles, is_image, list_images, some, to_uint8_batch
 from lit_models.checks import ModelError
 
@@ -129,7 +128,7 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: str | list[str] 
         paths = find_images([inputs] if isinstance(inputs, str) else inputs)
         channels, height, width = model.hparams.image_shape
         loader, data = ImageFiles(paths, channels, (height, width)).loader(), None
-    with (output_file(output, ckpt_path, paths or [], ".csv") as target,
+    with (output_file(output, [ckpt_path, *(paths or [])], *beside(ckpt_path), ".csv") as target,
           written_whole(target) as tmp, open(tmp, "w", newline="", encoding="utf-8") as file):
         writer = CSVPredictions(file, model.class_names, paths)
         trainer.callbacks.append(writer)
@@ -155,25 +154,18 @@ def own_predictions(trainer: L.Trainer, model, data, ckpt_path, inputs, output,
                                     ckpt_path=ckpt_path, weights_only=weights_only)
     if writers:
         return {"stage": "predict", "output": None}
-    with output_file(output, ckpt_path, [], ".pt") as target, written_whole(target) as tmp:
+    claimed = output_file(output, [ckpt_path], *beside(ckpt_path), ".pt")
+    with claimed as target, written_whole(target) as tmp:
         torch.save(predictions, tmp)
     print(f"Predicted {len(predictions)} batches with {type(model).__name__}; wrote {target} "
           f"(torch.load(path): a list of what predict_step returned, a batch each)")
     return {"stage": "predict", "output": str(target)}
 
 
-def output_file(output: str | None, ckpt_path, inputs: list[Path], suffix: str):
-    """A context of the file to write: `--output` (replaced, as asked, unless it is the checkpoint
-    or an input), or a new predictions-DATE-TIME`suffix` beside the checkpoint's run, a name of its
-    own (`new_file`: runs started in one second each get one)."""
-    if output:
-        try:
-            return contextlib.nullcontext(output_over(Path(output).expanduser(),
-                                                      [ckpt_path, *inputs]))
-        except ValueError as e:
-            raise ModelError(f"--output {output}: {e}; name another file") from None
-    stem = f"predictions-{datetime.now():%Y%m%d-%H%M%S}"
-    return new_file(Path(ckpt_path).parent.parent, stem, suffix)
+def beside(ckpt_path) -> tuple[Path, str]:
+    """Where a prediction is written by default: a new predictions-DATE-TIME file beside the
+    checkpoint's run (a name of its own: runs started in one second each get one)."""
+    return Path(ckpt_path).parent.parent, f"predictions-{datetime.now():%Y%m%d-%H%M%S}"
 
 
 def report(writer: CSVPredictions, target: Path, seconds: float, device) -> dict:

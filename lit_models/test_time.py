@@ -26,18 +26,11 @@ def views(x: torch.Tensor, flip: bool, shift: int) -> List[torch.Tensor]:
     return plain + shifted
 
 
-def mean_of(logits: List[torch.Tensor]) -> torch.Tensor:
-    total = logits[0]
-    for more in logits[1:]:
-        total = total + more
-    return total / len(logits)
-
-
 def averaged(logits: List[torch.Tensor], flip: bool) -> torch.Tensor:
     """The mean of the logits of the views `views` gave (with this `flip`): the images as they are
     (and mirrored) weigh as much as all the shifted views together, as airbench94 weighs them (a
     shifted view has lost a row and a column of the image to reflected ones)."""
     plain = 1 + int(flip)
     if len(logits) == plain:
-        return mean_of(logits)
-    return (mean_of(logits[:plain]) + mean_of(logits[plain:])) / 2
+        return torch.stack(logits).mean(0)
+    return (torch.stack(logits[:plain]).mean(0) + torch.stack(logits[plain:]).mean(0)) / 2
