@@ -16,7 +16,6 @@ lit_sweep/study.py holds the parts.
 
 import argparse
 import sys
-from typing import NoReturn
 
 from lit_cli.errors import exit_code
 
@@ -47,7 +46,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python sweep.py ARGS`: the sweep, its exit code, and one line for what went wrong."""
+    """`python sweep.py ARGS` (`lit-sweep ARGS`): the sweep, its exit code, and one line for what
+    went wrong."""
     try:
         from lit_sweep import study  # Optuna's: where it is missing, one line names the extra
 
@@ -56,10 +56,5 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(e, program="sweep.py")
 
 
-def command() -> NoReturn:
-    """`lit-sweep ARGS`, the installed command, as `python sweep.py ARGS`."""
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    command()
+    sys.exit(main())

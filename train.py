@@ -15,7 +15,6 @@ again) and results.json.
 import sys
 import warnings
 from pathlib import Path
-from typing import NoReturn
 
 import lightning as L
 import torch
@@ -65,8 +64,7 @@ class TrainCLI(LightningCLI):
             module of a fit's command line, and stops there.
     """
 
-    def __init__(self, args: list[str] | None = None, callbacks: list | None = None,
-                 run: bool = True):
+    def __init__(self, args: list[str] | None = None, callbacks: tuple = (), run: bool = True):
         for message in QUIET:  # at each run: a caller's catch_warnings drops filters set in it
             warnings.filterwarnings("ignore", message=message)  # replaces the same filter
         self.record = None
@@ -77,8 +75,7 @@ class TrainCLI(LightningCLI):
                 L.LightningModule, None, subclass_mode_model=True,  # None: --data optional
                 subclass_mode_data=True, trainer_class=Trainer,
                 save_config_callback=runs.SaveConfig, save_config_kwargs={"save_to_log_dir": False},
-                trainer_defaults={"max_epochs": 30, "callbacks": [*(callbacks or []),
-                                                                  RunRecord()]},
+                trainer_defaults={"max_epochs": 30, "callbacks": [*callbacks, RunRecord()]},
                 seed_everything_default=0, args=self.args if run else self.args[1:], run=run,
                 parser_kwargs={**kwargs, **{name: kwargs for name in command_line.SUBCOMMANDS}})
         except (SystemExit, KeyboardInterrupt) as e:
@@ -185,8 +182,8 @@ class TrainCLI(LightningCLI):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python train.py ARGS`: one command line; its exit code, and one line for what went wrong
-    (`--verbose` adds the traceback)."""
+    """`python train.py ARGS` (`lit-train ARGS`): one command line; its exit code, and one line for
+    what went wrong (`--verbose` adds the traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         TrainCLI([a for a in argv if a != "--verbose"])
@@ -198,10 +195,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def command() -> NoReturn:
-    """`lit-train ARGS`, the installed command, as `python train.py ARGS`."""
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    command()
+    sys.exit(main())

@@ -73,14 +73,14 @@ class DeviceBatches:
                  world_size: int = 1, to_float: bool = False):
         self.images, self.labels, self.batch_size, self.train = images, labels, batch_size, train
         self.shuffle, self.crop_padding, self.reflect = shuffle and train, crop_padding, reflect
-        self.flip = flip
-        self.seed, self.rank, self.world_size, self.to_float = seed, rank, world_size, to_float
-        self.epoch, self.yielded, self._resume = 0, 0, None
+        self.flip, self.seed, self.rank, self.world_size = flip, seed, rank, world_size
+        self.to_float, self.epoch, self.yielded, self._resume = to_float, 0, 0, None
         self.num_samples = len(images) // world_size
         self.num_batches = self.num_samples // batch_size
+        # Evaluation: each rank a contiguous part, every image once, the last batch short.
+        rows = torch.arange(len(images), device=images.device)
+        self.indices = rows.tensor_split(world_size)[rank]
         if not train:
-            all_rows = torch.arange(len(images), device=images.device)
-            self.indices = all_rows.tensor_split(world_size)[rank]
             self.num_batches = math.ceil(len(self.indices) / batch_size)
 
     # Lightning calls `loader.sampler.set_epoch(e)` on any loader, and reads `batch_sampler` where
@@ -205,24 +205,19 @@ class ImageDataModule(L.LightningDataModule):
                  float_images: Optional[bool] = None):
         super().__init__()
         self.save_hyperparameters()
-        batches_empty = batch_size < 1 or eval_batch_size < 1
-        negative = crop_padding < 0 or (val_size or 0) < 0
-        if batches_empty or negative or padding_mode not in ("constant", "reflect"):
-            raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} "
-                            f"must be at least 1, crop_padding {crop_padding} and val_size "
-                            f"{val_size} at least 0, padding_mode {padding_mode!r} constant or "
-                            f"reflect")
         # 2.0 from a config is a count; 2.5 is neither
+        fractional_count = isinstance(val_size, float) and val_size >= 1 and val_size % 1
+        out_of_range = min(batch_size, eval_batch_size) < 1 or min(crop_padding, val_size or 0) < 0
+        if out_of_range or fractional_count:
+            raise DataError(f"--data.batch_size {batch_size} and eval_batch_size {eval_batch_size} "
+                            f"must be at least 1, crop_padding {crop_padding} at least 0, val_size "
+                            f"{val_size}: a count of images, or a fraction between 0 and 1")
         if isinstance(val_size, float) and val_size >= 1:
-            if not val_size.is_integer():
-                raise DataError(f"--data.val_size {val_size}: a count of images, or a fraction "
-                                f"between 0 and 1")
             val_size = int(val_size)
         self.data_dir, self.batch_size, self.eval_batch_size = data_dir, batch_size, eval_batch_size
-        self.val_size, self.split_seed = val_size, split_seed
-        self.crop_padding, self.padding_mode, self.flip = crop_padding, padding_mode, flip
-        self.on_device, self.download, self.float_images = on_device, download, float_images
-        self.said_floats = False
+        self.val_size, self.split_seed, self.crop_padding = val_size, split_seed, crop_padding
+        self.padding_mode, self.flip, self.on_device = padding_mode, flip, on_device
+        self.download, self.float_images, self.said_floats = download, float_images, False
         self.splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._train_batches: Optional[DeviceBatches] = None
         self._saved: Optional[dict] = None  # the state of the checkpoint a fit resumes from

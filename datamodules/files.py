@@ -67,11 +67,10 @@ def output_file(output: str | None, kept: list, folder: Path, stem: str, suffix:
     if not output:
         return new_file(folder, stem, suffix)
     path = Path(output).expanduser()
-    for other in filter(None, kept):
-        with contextlib.suppress(OSError):  # one that is not there is not lost
-            if os.path.samefile(path, other):
-                raise FileExistsError(errno.EEXIST, f"--output is {other}, which this command "
-                                                    f"reads; name another file", str(path))
+    for other in filter(None, kept):  # files this command reads: they are there
+        if path.exists() and os.path.samefile(path, other):
+            raise FileExistsError(errno.EEXIST, f"--output {path} is {other}, which this "
+                                                f"command reads; name another file")
     return contextlib.nullcontext(path)
 
 

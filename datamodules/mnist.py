@@ -23,13 +23,6 @@ def idx_array(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=4 + 4 * data[3]).view(shape)
 
 
-def unpack(data: bytes, path: Path) -> None:
-    """A .gz's bytes written unpacked beside it, once, so that later runs skip the decompression;
-    where the folder cannot be written, it is read in memory each time."""
-    with contextlib.suppress(OSError), written_whole(path) as tmp:
-        tmp.write_bytes(data)
-
-
 class MNISTDataModule(ImageDataModule):
     """MNIST (`--data MNISTDataModule`), downloaded by torchvision into `data_dir/MNIST/raw/`.
 
@@ -79,8 +72,11 @@ class MNISTDataModule(ImageDataModule):
             if path == gz:
                 data = gzip.decompress(data)
             array = idx_array(data).view(shape)
-        if path == gz:  # a whole one
-            unpack(data, self.raw_folder / name)
+        # A whole .gz unpacked beside itself, once, so that later runs skip the decompression;
+        # where the folder cannot be written, it is read in memory each time.
+        if path == gz:
+            with contextlib.suppress(OSError), written_whole(self.raw_folder / name) as tmp:
+                tmp.write_bytes(data)
         return array
 
 

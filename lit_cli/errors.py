@@ -36,12 +36,11 @@ EXIT_CODES = {Stopped: None, UsageError: 2, ArgumentError: 2, MisconfigurationEx
 def explain(error: BaseException) -> tuple[int | None, str]:
     """The exit code and one line for what a user can fix, found among the error and its causes
     (jsonargparse wraps what a class raises while it builds it); (None, "") for a bug."""
-    e, depth = error, 0
-    while e is not None and depth < 20:
-        found = known(e)
+    while error is not None:
+        found = known(error)
         if found is not None:
             return found
-        e, depth = e.__cause__ or e.__context__, depth + 1
+        error = error.__cause__ or error.__context__
     return None, ""
 
 
@@ -57,7 +56,7 @@ def known(e: BaseException) -> tuple[int, str] | None:
         install = f"pip install -e '.[{EXTRAS[top]}]'" if top in EXTRAS else f"pip install {top}"
         return 1, f"this needs the package '{top}': {install}"
     if isinstance(e, OSError) and e.strerror:
-        return 1, f"{e.strerror}: {e.filename or ''}"
+        return 1, f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     return None
 
 

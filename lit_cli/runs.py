@@ -25,7 +25,6 @@ yaml.SafeDumper.add_multi_representer(Interval, lambda dumper, v: dumper.represe
 # How far below the starting folder `best`/`last` look for runs: lightning_logs/version_0,
 # logs/NAME/version_0, mlruns/ID/RUN. A sweep's trials and a test's logs lie deeper.
 DEPTH = 3
-LOGGERS_WITH_FOLDERS = ("TensorBoardLogger", "CSVLogger")
 
 
 def pairs(args: list[str]):
@@ -169,7 +168,8 @@ def own_logger(run: Path, config: Path) -> list[str]:
         spec = None
     if not isinstance(spec, dict):  # Lightning's default
         spec = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger"}
-    if not (run / "checkpoints").is_dir() or not spec["class_path"].endswith(LOGGERS_WITH_FOLDERS):
+    with_folders = spec["class_path"].endswith(("TensorBoardLogger", "CSVLogger"))
+    if not (run / "checkpoints").is_dir() or not with_folders:
         return []
     where = {"save_dir": str(run.parent.parent), "name": run.parent.name, "version": run.name}
     logger = {"class_path": spec["class_path"], "init_args": {**spec.get("init_args", {}), **where}}

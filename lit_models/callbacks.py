@@ -181,8 +181,7 @@ class RunRecord(L.Callback):
             "status": said, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
             "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)), "log_dir": folder,
             "device": str(trainer.strategy.root_device), "precision": str(trainer.precision),
-            "metrics": {**record["metrics"], **logged},
-        })
+            "metrics": {**record["metrics"], **logged}})
         if trainer.state.fn == "fit":
             record["ckpt_path"] = trainer.ckpt_path  # where it went on from
             record["fit_seconds"] = round(time.perf_counter() - self.clock, 2)
@@ -249,8 +248,7 @@ class TrainingSpeed(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # A shape, not a value: no wait for the device.
-        self._images += len(batch[0]) if isinstance(batch, (list, tuple)) else extract_batch_size(
-            batch)
+        self._images += extract_batch_size(batch)
 
     def on_validation_start(self, trainer, pl_module):
         # The clock stops for validation, also mid-epoch (val_check_interval).

@@ -90,27 +90,11 @@ def check_planned_schedule(callbacks: list) -> None:
                                  f"--model.scheduler null, or an epoch schedule")
 
 
-def check_bounded(steps: float) -> None:
-    """A ModelError for a run of endless steps, which a schedule over the whole run cannot plan."""
-    if steps == float("inf"):
-        raise ModelError("a schedule over the whole run needs --trainer.max_epochs or "
-                         "--trainer.max_steps")
-
-
 def check_ready(net) -> None:
     """A ModelError for a model without its network `net` yet."""
     if net is None:
         raise ModelError("the model has no network yet: give it image_shape and num_classes, or "
                          "fit it with a data module first (or model.take_from_data(data))")
-
-
-def check_sequential(net, net_name: str) -> None:
-    """A ModelError unless `net` is an nn.Sequential, whose layers but the last are the backbone
-    that BackboneFinetuning takes."""
-    if not isinstance(net, torch.nn.Sequential):
-        raise ModelError(f"BackboneFinetuning takes the layers but the last of an "
-                         f"nn.Sequential network as its backbone; {net_name} is not one: "
-                         f"give your model a `backbone`")
 
 
 def check_finite(net: torch.nn.Module, epoch: int, step: int) -> None:

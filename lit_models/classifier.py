@@ -1,6 +1,7 @@
 """One LightningModule for image classification: normalisation, loss, metrics and optimisation
 around a network."""
 
+import sys
 from collections import OrderedDict
 from typing import Literal, Optional, Union
 
@@ -8,6 +9,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassConfusionMatrix
 
@@ -172,7 +174,10 @@ class ImageClassifier(L.LightningModule):
     @property
     def backbone(self) -> torch.nn.Module:
         """The network but its last layer, which BackboneFinetuning freezes and thaws."""
-        checks.check_sequential(self.net, self.net_name)
+        if not isinstance(self.net, torch.nn.Sequential):
+            raise ModelError(f"BackboneFinetuning takes the layers but the last of an "
+                             f"nn.Sequential network as its backbone; {self.net_name} is not one: "
+                             f"give your model a `backbone`")
         layers = list(self.net.named_children())[:-1]
         return torch.nn.Sequential(OrderedDict(layers))  # the same layers
 
@@ -366,7 +371,9 @@ class ImageClassifier(L.LightningModule):
         if not self.per_step_schedule:
             return None
         steps = self.trainer.estimated_stepping_batches
-        checks.check_bounded(steps)
+        if steps == float("inf"):
+            raise ModelError("a schedule over the whole run needs --trainer.max_epochs or "
+                             "--trainer.max_steps")
         return max(1, int(steps))
 
     def configure_optimizers(self):
@@ -380,5 +387,6 @@ class ImageClassifier(L.LightningModule):
             self.resuming = None
         resume.load_state(optimizer, self.resumed)
         configured = schedules.configured(self.scheduler_factory, optimizer, steps, self.resumed)
-        resume.say(self.resumed)
+        if self.resumed is not None:  # how the fit goes on, once the schedule is made
+            rank_zero_only(print)(f"Resumed: {self.resumed.said()}", file=sys.stderr)
         return configured

@@ -4,11 +4,10 @@ val."""
 import itertools
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger
 from PIL import Image, ImageDraw, ImageFont
-from torchvision.transforms.functional import to_pil_image
+from torchvision.transforms.functional import pil_to_tensor, to_pil_image
 from torchvision.utils import draw_bounding_boxes, make_grid
 
 from lit_models.classifier import ImageClassifier
@@ -16,12 +15,9 @@ from lit_models.tags import class_metrics
 
 # Tags are regular expressions in a Custom Scalars layout: anchored, so that val/acc does not take
 # val/acc_best.
-LAYOUT = {
-    "train vs val": {
-        "loss": ["Multiline", ["^train/loss_step$", "^train/loss_epoch$", "^val/loss$"]],
-        "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]],
-    },
-}
+LAYOUT = {"train vs val": {
+    "loss": ["Multiline", ["^train/loss_step$", "^train/loss_epoch$", "^val/loss$"]],
+    "accuracy": ["Multiline", ["^train/acc_step$", "^train/acc_epoch$", "^val/acc$"]]}}
 # A test image is enlarged to about TILE pixels; cells are PAD apart.
 TILE, PAD = 96, 4
 FONT = ImageFont.load_default(size=12)
@@ -158,8 +154,4 @@ def confusion_image(confusion: torch.Tensor, names: list[str]) -> torch.Tensor:
         centre = (margin + c * cell + cell // 2, r * cell + cell // 2)
         draw.text(centre, str(int(confusion[r, c])), anchor="mm", fill=ink, font=FONT)
         draw.text((margin - PAD, centre[1]), names[r], anchor="rm", fill="black", font=FONT)
-    return to_tensor_image(image)
-
-
-def to_tensor_image(image: Image.Image) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+    return pil_to_tensor(image)

@@ -44,7 +44,11 @@ def export(model: ImageClassifier, data, fmt: str = "onnx", output: str | None =
     beside the checkpoint's run), load the file as a server would, and check it against the model
     on up to 256 test images of `data` (in batches of 1 and of the rest: any N must work) before it
     takes its name."""
-    claim = export_target(fmt, output, checkpoint)  # a refused output: before any work
+    if output is None and checkpoint is None:
+        raise ModelError("export needs an output file or the checkpoint to name it after")
+    folder, stem = (checkpoint.parent.parent, checkpoint.stem) if checkpoint else (None, None)
+    # A refused output, before any work.
+    claim = output_file(output, [checkpoint], folder, stem, FORMATS[fmt])
     if not isinstance(model, ImageClassifier):
         return export_own(model, fmt, claim)
     images = checking_images(data)
@@ -84,24 +88,13 @@ def export_own(model: L.LightningModule, fmt: str, claim) -> dict:
             model.to_onnx(str(tmp), example, external_data=False)
         elif fmt == "torchscript":
             # torch's trace check fails on modules it renames between two traces (lazy layers)
-            traced = model.to_torchscript(method="trace", example_inputs=example,
-                                          check_trace=False)
-            torch.jit.save(traced, tmp)
+            model.to_torchscript(str(tmp), "trace", example_inputs=example, check_trace=False)
         else:
             torch.export.save(torch.export.export(model, (example,)), tmp)
     kib = target.stat().st_size / 1024
     print(f"Exported {type(model).__name__} as {fmt} to {target} ({kib:.0f} KiB), traced on its "
           f"example_input_array {tuple(example.shape)}")
     return {"stage": "export", "format": fmt, "output": str(target)}
-
-
-def export_target(fmt: str, output: str | None, checkpoint: Path | None):
-    """A context of the file to write: `output`, or a new file named after the checkpoint beside
-    its run (files.output_file)."""
-    if output is None and checkpoint is None:
-        raise ModelError("export needs an output file or the checkpoint to name it after")
-    folder, stem = (checkpoint.parent.parent, checkpoint.stem) if checkpoint else (None, None)
-    return output_file(output, [checkpoint], folder, stem, FORMATS[fmt])
 
 
 def checking_images(data) -> torch.Tensor:

@@ -90,27 +90,23 @@ class CSVPredictions(BasePredictionWriter):
         probabilities, classes = top.values.cpu().tolist(), top.indices.cpu().tolist()
         for i, (p, c) in enumerate(zip(probabilities, classes)):
             ranked = [(self.class_names[c[k]], f"{p[k]:.6f}") for k in range(self.top_k)]
-            row = [self.name(trainer, self.seen + i), *(x for pair in ranked for x in pair)]
+            n = self.seen + i
+            name = self.files[n] if self.files else f"{trainer.datamodule.name or 'test'}:test:{n}"
+            row = [name, *sum(ranked, ())]
             if self.labelled:
                 truth = int(batch[1][i])
                 row.append(self.class_names[truth])
                 self.correct += c[0] == truth
             elif i in batch[1]:  # a batch of files: (images, {index: why it was unreadable})
-                self.skip(row[0], batch[1][i])
+                self.failures.append(row[0])
+                print(f"train.py: skipped {row[0]}: cannot read it ({batch[1][i]})",
+                      file=sys.stderr)
                 continue
             self.csv.writerow(row)
             self.rows.append(row)
         self.seen += len(probabilities)
-        stop_if_asked(trainer)  # Lightning's predict loop runs on through SIGTERM
-
-    def name(self, trainer, n: int) -> str:
-        if self.files:
-            return self.files[n]
-        return f"{trainer.datamodule.name or 'test'}:test:{n}"
-
-    def skip(self, name: str, reason: str) -> None:
-        self.failures.append(name)
-        print(f"train.py: skipped {name}: cannot read it ({reason})", file=sys.stderr)
+        if trainer.received_sigterm:  # Lightning's predict loop runs on through SIGTERM
+            raise SIGTERMException
 
 
 def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: str | list[str] | None,
@@ -138,7 +134,6 @@ def predict(trainer: L.Trainer, model, data, ckpt_path, inputs: str | list[str] 
         seconds = time.perf_counter() - start
         if not writer.rows:
             raise ModelError(f"none of the {writer.seen} images could be read; nothing written")
-    show(writer, model.class_names)
     return report(writer, target, seconds, trainer.strategy.root_device)
 
 
@@ -169,38 +164,24 @@ def beside(ckpt_path) -> tuple[Path, str]:
 
 
 def report(writer: CSVPredictions, target: Path, seconds: float, device) -> dict:
-    """The last line of a prediction, and its record."""
-    said, accuracy = "", None
-    if writer.labelled:
-        accuracy = writer.correct / len(writer.rows)
-        said = f"; accuracy {accuracy:.4f}"
-    if writer.failures:
-        said += f"; {len(writer.failures)} unreadable skipped"
-    speed = f"{writer.seen / seconds:,.0f} images/s"
-    print(f"Predicted {len(writer.rows):,} images in {seconds:.2f} s ({speed}) on {device}"
-          f"{said}; wrote {target}")
-    return {"stage": "predict", "output": str(target), "images": len(writer.rows),
-            "accuracy": accuracy, "unreadable": writer.failures, "seconds": seconds}
-
-
-def show(writer: CSVPredictions, class_names: list[str]) -> None:
-    """A few of the predictions, spread over the images: files with their top classes, or a
-    split's true and predicted classes in two lines, as the tutorial prints them."""
-    rows = writer.rows
-    count = min(SHOWN, len(rows))  # each shown once: all of them, or SHOWN spread over them
+    """A few of the predictions, spread over the images (each once): a split's true and predicted
+    classes in two lines, as the tutorial prints them, or files with their top classes; then the
+    prediction's last line, and its record."""
+    rows, count = writer.rows, min(SHOWN, len(writer.rows))
     shown = [rows[i * len(rows) // count] for i in range(count)]
+    width = max(len(name) for name in writer.class_names)
+    accuracy, said = None, ""
     if writer.labelled:
-        width = max(len(name) for name in class_names)
+        accuracy = writer.correct / len(rows)
+        said = f"; accuracy {accuracy:.4f}"
         print("GroundTruth:  " + " ".join(f"{row[-1]:{width}s}" for row in shown).rstrip())
         print("Predicted:    " + " ".join(f"{row[1]:{width}s}" for row in shown).rstrip())
-        return
-    for row in shown:
-        ranks = range(3, len(row) - 1, 2)
-        others = "".join(f"; {row[i]} {float(row[i + 1]):.3f}" for i in ranks)
+    for row in [] if writer.labelled else shown:
+        others = "".join(f"; {row[i]} {float(row[i + 1]):.3f}" for i in range(3, len(row) - 1, 2))
         print(f"{row[0]}  {row[1]} ({float(row[2]):.3f}){others}")
-
-
-def stop_if_asked(trainer) -> None:
-    """Lightning's SIGTERMException for a SIGTERM its predict loop noted and runs on through."""
-    if trainer.received_sigterm:
-        raise SIGTERMException
+    if writer.failures:
+        said += f"; {len(writer.failures)} unreadable skipped"
+    print(f"Predicted {len(rows):,} images in {seconds:.2f} s ({writer.seen / seconds:,.0f} "
+          f"images/s) on {device}{said}; wrote {target}")
+    return {"stage": "predict", "output": str(target), "images": len(rows),
+            "accuracy": accuracy, "unreadable": writer.failures, "seconds": seconds}

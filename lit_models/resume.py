@@ -12,11 +12,9 @@ option given takes effect, and the records say what ran.
   schedule.
 """
 
-import sys
 from dataclasses import dataclass
 
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
 
 @dataclass
@@ -104,9 +102,3 @@ def load_state(optimizer: torch.optim.Optimizer, resumed: Resumption | None) -> 
     merged = optimizer.state_dict()
     merged["state"] = resumed.optimizer_state["state"]
     optimizer.load_state_dict(merged)
-
-
-def say(resumed: Resumption | None) -> None:
-    """How a resumed fit goes on, on the first process's stderr (once the schedule is made)."""
-    if resumed is not None:
-        rank_zero_only(print)(f"Resumed: {resumed.said()}", file=sys.stderr)

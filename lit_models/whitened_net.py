@@ -12,6 +12,7 @@ passes both signs), and `lit_models.PatchWhitening` (a callback) makes it a whit
 training images' patches before the first step.
 """
 
+import functools
 from collections import OrderedDict
 
 import torch
@@ -38,18 +39,6 @@ def conv3x3(in_channels: int, out_channels: int) -> nn.Conv2d:
     return conv
 
 
-class ScaledGradient:
-    """A gradient hook that multiplies a parameter's gradient by `factor`: under SGD, a learning
-    rate `factor` times the optimizer's for that parameter, its weight decay unchanged (which
-    torch adds after the hooks, so the decay per step stays the optimizer's)."""
-
-    def __init__(self, factor: float):
-        self.factor = factor
-
-    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
-        return grad * self.factor
-
-
 def norm(channels: int, bias_lr: float) -> nn.BatchNorm2d:
     """Batch norm with its scale frozen at 1 (the convolution before it sets the scale) and a
     bias that learns `bias_lr` times faster than the weights; running statistics that follow the
@@ -57,7 +46,9 @@ def norm(channels: int, bias_lr: float) -> nn.BatchNorm2d:
     layer = nn.BatchNorm2d(channels, momentum=0.4)
     layer.weight.requires_grad_(False)
     if bias_lr != 1:
-        layer.bias.register_hook(ScaledGradient(bias_lr))
+        # Under SGD, a learning rate bias_lr times the optimizer's for the bias, its weight decay
+        # unchanged (torch adds the decay after the hooks).
+        layer.bias.register_hook(functools.partial(torch.mul, other=bias_lr))
     return layer
 
 
@@ -66,14 +57,10 @@ def conv_group(in_channels: int, out_channels: int, bias_lr: float) -> nn.Sequen
     before the norm: the norm sees the pooled statistics, and the second convolution costs a
     quarter)."""
     return nn.Sequential(OrderedDict([
-        ("conv1", conv3x3(in_channels, out_channels)),
-        ("pool", nn.MaxPool2d(2)),
-        ("norm1", norm(out_channels, bias_lr)),
-        ("act1", nn.GELU()),
+        ("conv1", conv3x3(in_channels, out_channels)), ("pool", nn.MaxPool2d(2)),
+        ("norm1", norm(out_channels, bias_lr)), ("act1", nn.GELU()),
         ("conv2", conv3x3(out_channels, out_channels)),
-        ("norm2", norm(out_channels, bias_lr)),
-        ("act2", nn.GELU()),
-    ]))
+        ("norm2", norm(out_channels, bias_lr)), ("act2", nn.GELU())]))
 
 
 def patch_identity(channels: int, patch: int) -> torch.Tensor:

@@ -111,7 +111,7 @@ def each_in_its_own_folder(root, runs_expected: int = 2) -> None:
         assert (folder / "config.yaml").is_file()
         assert (folder / "checkpoints" / "last.ckpt").is_file()
         assert results(folder)["log_dir"] == str(folder)
-        assert results(folder)["metrics"]["test/acc"] > 0.5
+        assert results(folder)["metrics"]["test/acc"] > 0.2  # two steps: above chance (0.1)
 
 
 LOGGED = ["--model", "mlp", *SHORT, "--trainer.limit_train_batches", "2",

@@ -359,10 +359,10 @@ def test_an_installed_copy_finds_its_recipes_and_has_its_commands(tmp_path):
     assert install.returncode == 0, install.stderr[-2000:]
     for name, module in (("lit-train", "train"), ("lit-sweep", "sweep")):
         script = (target / "bin" / name).read_text()
-        assert f"from lit_image_classifiers.{module} import command" in script
+        assert f"from lit_image_classifiers.{module} import main" in script
     assert (target / "lit_sweep").is_dir() and not (target / "lit_common").exists()
     code = ("import sys, lit_sweep, lit_image_classifiers.train as t; print(t.__file__); "
-            "sys.argv[1:] = ['--model', 'quick_mlp', '--print_config']; t.command()")
+            "sys.argv[1:] = ['--model', 'quick_mlp', '--print_config']; sys.exit(t.main())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(target)})
     assert proc.returncode == 0, proc.stderr[-2000:]

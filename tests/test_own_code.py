@@ -13,7 +13,7 @@ import yaml
 from conftest import ROOT, results, run_in_terminal, run_train, runs, scalars
 from lightning.pytorch.core.saving import load_hparams_from_yaml
 
-from lit_models.predict import show
+from lit_models.predict import report
 
 # A LightningModule as Lightning's docs write one: float images in, its own optimizer, logging
 # what it likes under its own names (val_acc, test_acc: no val/acc).
@@ -328,10 +328,12 @@ def test_the_tutorial_recipe_keeps_the_dashboards(own):
 
 def test_predict_shows_each_image_once(capsys):
     for n in (1, 5, 8, 20):
-        writer = SimpleNamespace(labelled=False, rows=[[f"{i}.png", "a", "0.9"] for i in range(n)])
-        show(writer, ["a", "b"])
-        shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-        assert len(shown) == len(set(shown)) == min(n, 8)
+        rows = [[f"{i}.png", "a", "0.9"] for i in range(n)]
+        writer = SimpleNamespace(labelled=False, rows=rows, class_names=["a", "b"], seen=n,
+                                 failures=[])
+        report(writer, "out.csv", 1.0, "cpu")
+        *shown, last = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+        assert len(shown) == len(set(shown)) == min(n, 8) and last == "Predicted"
 
 
 # train.py's commands one after another in one fresh interpreter, as a user runs them: what they

@@ -126,6 +126,7 @@ def test_a_missing_package_is_one_line_naming_the_install_command(module, extra,
         return
     import sweep
 
-    monkeypatch.delitem(sys.modules, "lit_sweep.study", raising=False)  # imported at collection
+    for imported in ("lit_sweep", "lit_sweep.study"):  # imported by other tests: import again
+        monkeypatch.delitem(sys.modules, imported, raising=False)
     assert sweep.main(["--model", "mlp"]) != 0
     assert f"pip install -e '.[{extra}]'" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import yaml
 from conftest import results, run_train, runs
 from PIL import Image
 
+from datamodules.files import output_file
 from lit_models import ImageClassifier
 
 SHORT = ["--trainer.max_epochs", "1", "--data.batch_size", "64"]
@@ -360,8 +361,8 @@ def test_a_failed_predict_leaves_no_file_and_an_output_it_reads_is_refused(in_ru
     for output in (checkpoint, image):
         assert run_train(["predict", "--ckpt_path", str(checkpoint), "--inputs", str(image),
                           "--output", str(output)]) == 1
-        assert last_line(capsys) == (f"train.py: error: --output {output}: {output} is "
-                                     f"{output}, which this command reads; name another file")
+        assert last_line(capsys) == (f"train.py: error: --output {output} is {output}, "
+                                     f"which this command reads; name another file")
     assert checkpoint.read_bytes() == kept and image.read_bytes() == photo
     assert run_train(["export", "--ckpt_path", str(checkpoint), "--format", "torchscript",
                       "--output", str(checkpoint)]) == 1
@@ -370,16 +371,17 @@ def test_a_failed_predict_leaves_no_file_and_an_output_it_reads_is_refused(in_ru
 
 
 def test_exports_without_an_output_take_a_name_each(tmp_path):
-    from lit_models.export import export_target
+    from lit_models.export import FORMATS
 
     checkpoint = tmp_path / "run" / "checkpoints" / "best.ckpt"
-    with export_target("onnx", None, checkpoint) as first:
-        with export_target("onnx", None, checkpoint) as second:
+    at = (None, [checkpoint], checkpoint.parent.parent, checkpoint.stem, FORMATS["onnx"])
+    with output_file(*at) as first:
+        with output_file(*at) as second:
             assert (first.name, second.name) == ("best.onnx", "best-1.onnx")
             assert first.exists() and second.exists()  # taken, for the next to see
         second.write_bytes(b"an export")
     with pytest.raises(RuntimeError):
-        with export_target("onnx", None, checkpoint) as third:
+        with output_file(*at) as third:
             raise RuntimeError("the check failed")
     assert third.name == "best-2.onnx" and not third.exists()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best-1.onnx", "best.onnx"]
