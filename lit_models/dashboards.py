@@ -44,14 +44,17 @@ class Dashboards(L.Callback):
         self.started: set[str] = set()  # the TensorBoard runs whose layout is written
         self.shown: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    # The start of a run: a fit's, or a test's or validation's of a checkpoint.
-    def setup(self, trainer, pl_module, stage):
+    # The start of a run: a fit's, or a test's or validation's of a checkpoint (after every
+    # callback's setup, where a refused run stops before it writes).
+    def on_fit_start(self, trainer, pl_module):
         if not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger) and logger.log_dir not in self.started:
                 self.started.add(logger.log_dir)
                 logger.experiment.add_custom_scalars(LAYOUT)
+
+    on_validation_start = on_test_start = on_fit_start
 
     def on_test_epoch_start(self, trainer, pl_module):
         self.shown = []

@@ -431,3 +431,23 @@ def test_the_config_of_a_fit_with_swa_runs_it_again(swa_run, tmp_path):
     assert in_folder(tmp_path, ["--config", str(swa_run / "config.yaml")]) == 0
     again = results(runs(tmp_path)[0])
     assert again["metrics"]["test/loss"] == results(swa_run)["metrics"]["test/loss"]
+
+
+def test_a_run_folder_another_run_holds_is_refused_and_left_as_it_was(data, tmp_path, capsys):
+    """Lightning's loggers pick the next free version without a lock (#11418): a second run in
+    a folder another run holds (here, named by hand) is refused in one line, the first run's files
+    as they were."""
+    args = [*BASE, "--data.data_dir", str(data), "--trainer.max_epochs", "1"]
+    assert in_folder(tmp_path, args) == 0
+    (run,) = runs(tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    logger = ["--trainer.logger", "TensorBoardLogger", "--trainer.logger.save_dir", ".",
+              "--trainer.logger.version", run.name]
+    assert in_folder(tmp_path, [*args, *logger]) == 2
+    assert last_line(capsys)[1] == (f"train.py: error: lightning_logs/{run.name}/config.yaml "
+                                    f"exists: the logger's run folder holds another run; give the "
+                                    f"logger a version of its own, or leave it to pick one")
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert {p: after[p] for p in before} == before
+    # Lightning opens the loggers' writers before any callback's setup: an events file, empty
+    assert all(p.name.startswith("events.out.tfevents.") for p in after.keys() - before.keys())

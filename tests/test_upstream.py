@@ -103,3 +103,28 @@ def test_lightning_restores_the_optimizer_of_a_checkpoint_over_a_new_learning_ra
     fit(0.1, 2).save_checkpoint(tmp_path / "rated.ckpt")
     resumed = fit(0.001, 3, ckpt_path=tmp_path / "rated.ckpt")
     assert resumed.optimizers[0].param_groups[0]["lr"] == 0.1
+
+
+def test_lightningclis_predict_writes_no_predictions(tmp_path, monkeypatch):
+    """Lightning-AI/pytorch-lightning#10509: LightningCLI's predict subcommand hands what
+    Trainer.predict returns to nobody; train.py's Trainer writes it (a BasePredictionWriter)."""
+    monkeypatch.chdir(tmp_path)
+    LightningCLI(BoringModel, BoringDataModule, save_config_callback=None, args=[
+        "predict", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"])
+    assert not list(tmp_path.iterdir())
+
+
+def test_sqlite_has_no_row_lock_for_optunas_take_of_a_waiting_trial():
+    """optuna/optuna#4002: RDBStorage takes a waiting trial under `SELECT ... FOR UPDATE`, which
+    SQLite has not (SQLAlchemy leaves it out), so two workers took one trial; lit_sweep's Storage
+    takes it under a file lock there."""
+    import inspect
+
+    from optuna.storages import RDBStorage
+    from sqlalchemy import column, select, table
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    assert "for_update=True" in inspect.getsource(RDBStorage.set_trial_state_values)
+    query = select(column("trial_id")).select_from(table("trials")).with_for_update()
+    assert "FOR UPDATE" not in str(query.compile(dialect=sqlite.dialect()))
+    assert "FOR UPDATE" in str(query.compile(dialect=postgresql.dialect()))
