@@ -100,6 +100,9 @@ class TrainCLI(LightningCLI):
         self.given = self.config.get(subcommand) if subcommand else self.config
         command_line.from_own_defaults(self.given, self.args)
         command_line.lightnings_flags_as_the_models(self.given)
+        seed = self.given.get("seed_everything")
+        if type(seed) is int and not 0 <= seed < 2**32:  # Lightning's refusal: a traceback
+            raise UsageError(f"--seed_everything {seed}: a seed from 0 to {2**32 - 1}, or true")
         if printed:
             print(self._parser(subcommand).dump(self.given, skip_unset="skip_null" in printed[0]))
             raise SystemExit(0)

@@ -248,15 +248,9 @@ class ImageDataModule(L.LightningDataModule):
     # whether the data module validates: on its own validation set, or on training images split off
     has_validation = property(lambda self: self.has_val_split or self.val_size != 0)
 
-    @property
-    def mean(self) -> list[float]:
-        """Per-channel mean of the training images, on the 0..1 scale."""
-        return self._statistics[0]
-
-    @property
-    def std(self) -> list[float]:
-        """Per-channel standard deviation of the training images, on the 0..1 scale."""
-        return self._statistics[1]
+    # The training images' per-channel mean and standard deviation, on the 0..1 scale.
+    mean = property(lambda self: self._statistics[0])
+    std = property(lambda self: self._statistics[1])
 
     @functools.cached_property
     def _statistics(self) -> tuple[list[float], list[float]]:

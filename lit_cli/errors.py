@@ -51,7 +51,9 @@ def known(e: BaseException) -> tuple[int, str] | None:
             return getattr(e, "exit_code", code), " ".join(str(e).split())
     if isinstance(e, torch.OutOfMemoryError):
         return 1, "out of memory on the device: try a smaller --data.batch_size"
-    if isinstance(e, ModuleNotFoundError) and e.name:
+    if isinstance(e, ModuleNotFoundError) and not e.name:  # Lightning's, its install command in it
+        return 1, " ".join(str(e).split())
+    if isinstance(e, ModuleNotFoundError):
         top = e.name.split(".")[0]
         install = f"pip install -e '.[{EXTRAS[top]}]'" if top in EXTRAS else f"pip install {top}"
         return 1, f"this needs the package '{top}': {install}"

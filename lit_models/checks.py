@@ -138,9 +138,7 @@ def is_damaged(name: str, value: torch.Tensor) -> bool:
 def outside_inference_mode(model: L.LightningModule) -> None:
     """Normal copies of the metrics' states that a validation or test (Lightning runs them in
     torch's inference mode) left as inference tensors, which training may not update in place."""
-    for metric in model.modules():
-        if not isinstance(metric, Metric):
-            continue
+    for metric in [m for m in model.modules() if isinstance(m, Metric)]:
         for name, value in metric.metric_state.items():
             if isinstance(value, torch.Tensor) and value.is_inference():
                 setattr(metric, name, value.clone())

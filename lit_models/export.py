@@ -29,8 +29,7 @@ class Servable(nn.Module):
         # standard layout best.
         net = copy.deepcopy(model.net).to(memory_format=torch.contiguous_format)
         self.net = net.float().eval()
-        self.flip = bool(model.hparams.flip_test)
-        self.shift = int(model.hparams.translate_test)
+        self.flip, self.shift = bool(model.hparams.flip_test), int(model.hparams.translate_test)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = (images.float() / 255 - self.mean) / self.std

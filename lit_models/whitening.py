@@ -44,9 +44,7 @@ class PatchWhitening(L.Callback):
         """The convolution to whiten; a ModelError if there is none, or it cannot be one."""
         modules = dict(model.named_modules())
         convs = [name for name, m in modules.items() if isinstance(m, torch.nn.Conv2d)]
-        name = self.layer
-        if name is None and convs:
-            name = convs[0]
+        name = self.layer or next(iter(convs), None)
         if name not in convs:
             raise ModelError(f"PatchWhitening: {self.layer or 'a Conv2d'} is not a convolution "
                              f"of the model (its convolutions: {', '.join(convs) or 'none'})")

@@ -41,8 +41,9 @@ def sweep(opts, cli) -> int:
     opts.space = read_space(opts.space) if opts.sampled else grid_space(opts.grid)
     opts.seed = check(opts, cli)
     # The default name is the command's: the same command finds its study again.
-    made = [vars(opts)[key] for key in ("train", "space", "seeds", "objective", "direction")]
-    opts.name = opts.name or "sweep-" + hashlib.sha1(repr(made).encode()).hexdigest()[:8]
+    opts.command = repr([vars(opts)[key] for key in ("train", "space", "seeds", "objective",
+                                                     "direction")])
+    opts.name = opts.name or "sweep-" + hashlib.sha1(opts.command.encode()).hexdigest()[:8]
     opts.folder = Path("lightning_logs", "sweeps", opts.name).resolve()
     opts.folder.mkdir(parents=True, exist_ok=True)
     opts.storage = opts.storage or study_url(opts.folder)
@@ -99,10 +100,15 @@ class Storage(RDBStorage):
 
 
 def prepare(opts) -> optuna.Study:
-    """The study, made if new; a grid's settings enqueued once, and the trials of workers that
-    died queued again."""
+    """The study, made if new (a study another command made is refused); a grid's settings
+    enqueued once, and the trials of workers that died queued again."""
     study = optuna.create_study(study_name=opts.name, storage=storage(opts.storage, opts.heartbeat),
                                 direction=opts.direction, load_if_exists=True)
+    made = study.user_attrs.get("command", opts.command)
+    if made != opts.command:  # its trials would be ranked with another command's
+        raise UsageError(f"the study {opts.name} was made by another command (its train.py "
+                         f"options, space, seeds and objective: {made}); choose another --name")
+    study.set_user_attr("command", opts.command)
     if not opts.sampled:  # a grid, or one setting: each point a trial
         opts.trials = len(points := list(itertools.product(*opts.space.values())))
         for point in points:

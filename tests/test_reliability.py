@@ -254,6 +254,9 @@ def test_a_fit_that_diverges_or_raises_keeps_its_folder_events_and_config(
     (["--trainer.enable_progress_bar", "false", "--trainer.callbacks+=TQDMProgressBar"], 2,
      "enable_progress_bar=False"),
     (["--data.data_dir", "nothing"], 1, "MNIST is not in"),  # none offline: prepare_data's
+    # Lightning's own refusal of a seed is a traceback.
+    (["--seed_everything", "-1"], 2, "--seed_everything -1: a seed from 0 to 4294967295"),
+    (["--seed_everything", "4294967296"], 2, "--seed_everything 4294967296: a seed from 0"),
 ])
 def test_a_command_that_fails_before_the_trainer_starts_leaves_nothing(args, code, said, data,
                                                                       in_tmp, capsys):
@@ -261,6 +264,20 @@ def test_a_command_that_fails_before_the_trainer_starts_leaves_nothing(args, cod
     err, line = last_line(capsys)
     assert line.startswith("train.py: error: ") and said in line and "Traceback" not in err
     assert not (in_tmp / "lightning_logs").exists()
+
+
+def test_a_callback_whose_package_is_missing_says_lightnings_install_line(data, in_tmp,
+                                                                         monkeypatch, capsys):
+    """Lightning's own ModuleNotFoundError (no module name in it) is its one line, exit 1."""
+    from lightning.pytorch.callbacks.progress import rich_progress
+
+    monkeypatch.setattr(rich_progress, "_RICH_AVAILABLE", False)
+    args = [*BASE, "--data.data_dir", str(data), "--trainer.callbacks+=RichProgressBar"]
+    assert run_train(args) == 1
+    err, line = last_line(capsys)
+    assert line == ("train.py: error: `RichProgressBar` requires `rich` >= 10.2.2. Install it by "
+                    "running `pip install -U rich`."), err[-2000:]
+    assert "Traceback" not in err and not (in_tmp / "lightning_logs").exists()
 
 
 # --- files written whole ------------------------------------------------------------------------

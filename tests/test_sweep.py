@@ -197,6 +197,12 @@ def test_ctrl_c_stops_a_trial_at_a_step_and_the_same_command_runs_it_again_once(
     record = results(stopped)
     assert record["status"] == "stopped by Ctrl-C" and record["global_step"] == 3
     assert (stopped / "checkpoints" / "last.ckpt").is_file()
+    # Another command on the study: its trials would be ranked together, refused before any.
+    code, _, err = sweep([*args, "--trainer.max_epochs", "3"], tmp_path, mnist_dir, capfd)
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        "sweep.py: error: the study c was made by another command (its train.py options, space, "
+        "seeds and objective: [[") and err.strip().endswith("choose another --name")
+    assert states(tmp_path, "c") == ["FAIL", "WAITING", "WAITING"]
     code, _, err = sweep(args, tmp_path, mnist_dir, capfd)
     assert code == 0, err[-3000:]
     trials = each_setting_complete_once(tmp_path, "c", [0.005, 0.02])
