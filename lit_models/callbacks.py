@@ -178,10 +178,12 @@ class RunRecord(L.Callback):
         record.update({
             "model": type(pl_module).__name__, "network": getattr(pl_module, "net_name", None),
             "data": getattr(data, "name", None) or type(data).__name__, "stage": stage,
-            "status": said, "epochs": trainer.current_epoch, "global_step": trainer.global_step,
-            "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)), "log_dir": folder,
+            "status": said, "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)), "log_dir": folder,
             "device": str(trainer.strategy.root_device), "precision": str(trainer.precision),
             "metrics": {**record["metrics"], **logged}})
+        # A fit's counts, which its test keeps (a BatchSizeFinder's trials at test reset them).
+        if trainer.state.fn == "fit" or "epochs" not in record:
+            record.update(epochs=trainer.current_epoch, global_step=trainer.global_step)
         if trainer.state.fn == "fit":
             record["ckpt_path"] = trainer.ckpt_path  # where it went on from
             record["fit_seconds"] = round(time.perf_counter() - self.clock, 2)

@@ -163,6 +163,8 @@ def test_a_damaged_data_file_is_named_with_how_to_get_it_again(damage, tmp_path,
     if data_set is None:
         fix = "replace or remove it"
     assert fix in line
+    if kind == "gz":  # nothing unpacked from it, which the next run would read instead
+        assert not (folder / name.removesuffix(".gz")).exists()
 
 
 def test_gz_files_in_a_folder_that_cannot_be_written_are_read_in_memory(tmp_path, monkeypatch):

@@ -430,6 +430,17 @@ def test_callbacks_run_or_say_why_not(args, expected, cli_run, tmp_path, capsys)
         assert code == 1 and expected in err.strip().splitlines()[-1]
 
 
+def test_the_batch_size_finder_from_the_command_line_records_the_whole_fit(cli_run, tmp_path):
+    """The finder's trials restore the trainer: the record counts the fit's own epochs and steps,
+    in the batches it found (a schedule planned for other batches would be refused)."""
+    assert cli_run("--trainer.callbacks+=BatchSizeFinder", "--trainer.callbacks.max_trials=2",
+                   "--trainer.callbacks.init_val=32", "--trainer.callbacks.steps_per_trial=1",
+                   "--model.scheduler=null") == 0
+    record = results(runs(tmp_path)[0])
+    # Batches of 32, then 64, fit: 2 epochs of 8 steps of 64 (in batches of 24: 22 steps).
+    assert record["epochs"] == 2 and record["global_step"] == 2 * (540 // 64)
+
+
 def test_last_is_the_newest_run_of_a_logger_not_a_sweeps_trial(tmp_path, monkeypatch):
     """`best`/`last`: the run (up to three folders down, wherever a logger put it) whose config or
     record was written last, not a sweep's trial deeper down; a trial's own, below it."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, results, run_train, runs, scalars, write_mnist
+from conftest import ROOT, results, run_process, run_train, runs, scalars, write_mnist
 
 import train
 from datamodules.files import WholeCheckpointIO, written_whole
@@ -202,7 +202,8 @@ class Boom(ImageClassifier):
 
 DIVERGED = "the weights became NaN or infinite in epoch {}"
 FAILED = [  # options, the last line says, the record's status starts (None: no record), a bug
-    (["--model.optimizer", "SGD", "--model.optimizer.lr", "1e6"], DIVERGED.format(0),
+    (["--model.optimizer", "SGD", "--model.optimizer.lr", "1e6"],
+     "no checkpoint holds them. Try a lower learning rate (--model.optimizer.lr)",
      "failed: ModelError: " + DIVERGED.format(0), False),
     (["--model.optimizer.lr", "1e6"], DIVERGED.format(0), "failed: ModelError", False),  # AdamW
     (["--model", "boom.Boom", "--model.at", "nan"], DIVERGED.format(1), "failed: ModelError",
@@ -278,6 +279,18 @@ def test_a_callback_whose_package_is_missing_says_lightnings_install_line(data, 
     assert line == ("train.py: error: `RichProgressBar` requires `rich` >= 10.2.2. Install it by "
                     "running `pip install -U rich`."), err[-2000:]
     assert "Traceback" not in err and not (in_tmp / "lightning_logs").exists()
+
+
+def test_many_epochs_with_the_default_logger_do_not_grow_memory(data, tmp_path):
+    """An earlier version grew by 0.16 MB an epoch with TensorBoard (not in the Python heap): 20 MB
+    over these. A process of its own: this one's memory holds other tests'."""
+    proc = run_process([*BASE, "--data.data_dir", str(data), "--trainer.max_epochs", "150",
+                        "--trainer.limit_train_batches", "1",
+                        "--trainer.callbacks+=probes.MemoryGrowth"],
+                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(scalars(runs(tmp_path)[0])["val/acc"]) == 150  # TensorBoard got every epoch
+    assert float((tmp_path / "memory.txt").read_text()) < 8
 
 
 # --- files written whole ------------------------------------------------------------------------
@@ -378,6 +391,21 @@ def test_a_weights_only_checkpoint_cannot_go_on_in_one_line(trained, tmp_path, c
                     f"optimizer state to go on from: test, predict or export it, or start a new "
                     f"run") and "Traceback" not in err
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_going_on_from_a_checkpoint_missing_a_weight_names_it_in_one_line(trained, tmp_path,
+                                                                         capsys):
+    run = tmp_path / "lightning_logs" / "version_0"
+    shutil.copytree(trained, run)
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    del checkpoint["state_dict"]["net.fc2.bias"]
+    torch.save(checkpoint, run / "checkpoints" / "last.ckpt")
+    record = (run / "results.json").read_text()
+    assert in_folder(tmp_path, ["--ckpt_path", str(run / "checkpoints" / "last.ckpt")]) == 1
+    err, line = last_line(capsys)
+    assert line.startswith("train.py: error: ") and "net.fc2.bias" in line, line
+    assert "Traceback" not in err and runs(tmp_path) == [run]
+    assert "net.fc2.bias" not in weights(run) and (run / "results.json").read_text() == record
 
 
 def test_a_mid_epoch_checkpoint_without_the_data_position_is_refused(data, tmp_path, capsys):

@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import results, run_train, runs
+from conftest import ROOT, results, run_process, run_train, runs
 
 from datamodules import CIFAR10DataModule
 from datamodules.augment import random_crop
@@ -184,3 +184,22 @@ def test_the_recipe_in_two_epochs_learns_and_its_checkpoint_tests_and_exports(
     assert run_train(["export", "--ckpt_path", "last", "--format", "torchscript", "--output",
                       "m.pt"]) == 0
     assert "200 of 200 top classes the same" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_two_process_ddp_whitens_every_replica_alike(cifar10_dir, tmp_path):
+    """The first process's patch whitening, broadcast (lit_models/whitening.py): each replica
+    whitens, and so trains, alike."""
+    done = run_process(["--model", "whitened", "--data.data_dir", str(cifar10_dir), *SMALL,
+                        "--data.batch_size", "50", "--trainer.max_epochs", "1",
+                        "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+                        "--trainer.strategy", "ddp", "--trainer.callbacks+=probes.SaveWeights"],
+                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    zero, one = (torch.load(tmp_path / f"weights-rank{r}.pt", weights_only=True) for r in (0, 1))
+    # The norms' running statistics are each process's own, of its own batches, as in any DDP
+    # run without --trainer.sync_batchnorm; checkpoints keep the first process's.
+    assert all(torch.equal(zero[k], one[k]) for k in zero if ".running_" not in k)
+    initial = WhitenedNet((3, 32, 32), 10, widths=[16, 32]).whiten.weight
+    assert not torch.equal(zero["net.whiten.weight"], initial)
+    assert results(runs(tmp_path)[0])["global_step"] == 5  # 250 images a process, 50 a batch
