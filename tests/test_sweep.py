@@ -280,3 +280,29 @@ def test_a_sigterm_to_the_sweep_alone_stops_every_worker_and_each_trial_runs_aga
     (trained,) = runs(folder / f"trial_{best.number:04d}")
     assert (results(replayed)["metrics"]["val/acc_best"]
             == results(trained)["metrics"]["val/acc_best"] == best.value)
+
+
+@pytest.mark.slow  # trains, in a process killed
+def test_a_sampled_sweep_killed_mid_trial_runs_that_setting_again_once_its_heartbeat_is_stale(
+        mnist_dir, tmp_path, monkeypatch, capfd):
+    """SIGKILL (nothing of the sweep's own runs) in the first trial of a sampled sweep on SQLite;
+    the same command, once three heartbeats have passed, fails that trial, runs its setting again
+    and samples the rest: --trials complete, no setting sampled twice."""
+    from test_postgres import start, wait_for
+
+    (tmp_path / "space.yaml").write_text("model.optimizer.lr: {low: 1e-4, high: 1e-2, log: true}\n")
+    args = ["--space", str(tmp_path / "space.yaml"), "--trials", "2", "--name", "k",
+            "--heartbeat", "1", *BASE, "--data.data_dir", str(mnist_dir),
+            "--trainer.callbacks+=test_sweep.Hold", f"--trainer.callbacks.flag={tmp_path / 'f'}",
+            f"--trainer.callbacks.until={tmp_path / 'never'}"]
+    killed = start(args, tmp_path)
+    wait_for(str(tmp_path / "f"), killed, "the sweep trained no step")
+    killed.kill()
+    assert killed.wait() == -signal.SIGKILL
+    time.sleep(3.5)  # three heartbeats
+    monkeypatch.chdir(tmp_path)
+    assert run_sweep(args) == 0, capfd.readouterr().err[-3000:]
+    trials = study(tmp_path, "k").get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert trials[1].system_attrs["failed_trial"] == 0 and trials[1].params == trials[0].params
+    assert trials[2].params != trials[0].params
