@@ -40,9 +40,8 @@ class LastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, filename: str = "last", every_n_train_steps: int = 0):
-        every = every_n_train_steps or None
         super().__init__(filename=filename, monitor=None, enable_version_counter=False,
-                         every_n_train_steps=every)
+                         every_n_train_steps=every_n_train_steps or None)
         self.stopped_by: str | None = None  # "Ctrl-C" once Ctrl-C stopped a stage (else SIGTERM)
         self.saved_on_stop: str | None = None
         self.handlers: dict = {}
