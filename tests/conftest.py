@@ -167,6 +167,8 @@ def pytest_collection_modifyitems(items):
 # ---------------------------------------------------------------------------
 
 TRAIN, SWEEP = str(ROOT / "train.py"), str(ROOT / "sweep.py")
+# A process's environment where its command line names probes.* callbacks (tests/probes.py).
+PROBES = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}
 # Small and quick: no progress bar or model summary (the terminal tests keep the defaults).
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 

@@ -14,9 +14,8 @@ import sys
 
 import pytest
 import torch
-from conftest import QUIET, ROOT, TRAIN, results, run_in_terminal, run_train, runs, write_mnist
+from conftest import PROBES, QUIET, TRAIN, results, run_in_terminal, run_train, runs, write_mnist
 
-PROBES = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}  # the command lines name probes.* callbacks
 # 8 steps an epoch on each process (540 images, half each, in batches of 32), 16 in all; a test
 # accuracy short of 1.
 FIT = ["--model", "mlp", "--data.batch_size", "32", "--trainer.max_epochs", "2",

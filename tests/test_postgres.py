@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import QUIET, ROOT, SWEEP, run_sweep, write_mnist
+from conftest import PROBES, QUIET, SWEEP, run_sweep, write_mnist
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 BASE = ["--model", "mlp", "--data.batch_size", "64", "--trainer.max_epochs", "2", *QUIET]
@@ -68,7 +68,7 @@ def postgres():
 def start(args: list[str], machine: Path) -> subprocess.Popen:
     machine.mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, SWEEP, *args], cwd=machine,
-                            env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
+                            env={**os.environ, **PROBES},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, results, run_process, run_train, runs, scalars, write_mnist
+from conftest import PROBES, ROOT, results, run_process, run_train, runs, scalars, write_mnist
 
 import train
 from datamodules.files import WholeCheckpointIO, written_whole
@@ -287,7 +287,7 @@ def test_many_epochs_with_the_default_logger_do_not_grow_memory(data, tmp_path):
     proc = run_process([*BASE, "--data.data_dir", str(data), "--trainer.max_epochs", "150",
                         "--trainer.limit_train_batches", "1",
                         "--trainer.callbacks+=probes.MemoryGrowth"],
-                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{TESTS}"})
+                       cwd=tmp_path, env=PROBES)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(scalars(runs(tmp_path)[0])["val/acc"]) == 150  # TensorBoard got every epoch
     assert float((tmp_path / "memory.txt").read_text()) < 8

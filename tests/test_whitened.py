@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, results, run_process, run_train, runs
+from conftest import PROBES, results, run_process, run_train, runs
 
 from datamodules import CIFAR10DataModule
 from datamodules.augment import random_crop
@@ -194,7 +194,7 @@ def test_two_process_ddp_whitens_every_replica_alike(cifar10_dir, tmp_path):
                         "--data.batch_size", "50", "--trainer.max_epochs", "1",
                         "--trainer.accelerator", "cpu", "--trainer.devices", "2",
                         "--trainer.strategy", "ddp", "--trainer.callbacks+=probes.SaveWeights"],
-                       cwd=tmp_path, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"})
+                       cwd=tmp_path, env=PROBES)
     assert done.returncode == 0, done.stderr[-3000:]
     zero, one = (torch.load(tmp_path / f"weights-rank{r}.pt", weights_only=True) for r in (0, 1))
     # The norms' running statistics are each process's own, of its own batches, as in any DDP
